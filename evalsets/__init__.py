@@ -1,0 +1,1 @@
+"""Eval sets (local data + lm-eval task configs) and the quality runner."""

@@ -1,0 +1,1 @@
+"""The acceptance protocol: spec, plan and the Prefect flow that runs it."""

@@ -1,0 +1,120 @@
+"""The Prefect flow `acceptance`: baseline first, then one change at a time, then the gates."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from evalsets.results import QualityResult
+from evalsets.runner import run_quality
+from flows.plan import Stage, plan
+from flows.settings import Settings
+from flows.spec import Spec, load_spec
+from flows.tracking import Tracker
+from gates.decide import decide
+from gates.policy import GatePolicy, load_policy
+from gates.record import RunManifest, StageRecord
+from gates.verdict import Verdict
+from infra.engine import EngineFacts, engine_class
+from infra.errors import EngineError, MeasurementError
+from load.profile import LoadProfile, load_profile
+from load.results import LoadResult
+from load.runner import run_load
+
+
+class Prepared:
+    """Everything checked before any engine starts."""
+
+    def __init__(self, spec_path: Path) -> None:
+        self.spec_path = spec_path
+        self.spec: Spec = load_spec(spec_path)
+        self.stages: list[Stage] = plan(self.spec)
+        base = spec_path.resolve().parent
+        profile = self.spec.load_profile
+        if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
+            profile = str(base / profile)
+        self.profile: LoadProfile = load_profile(profile)
+        self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
+
+
+@task(name="quality", cache_policy=NO_CACHE)
+def measure_quality(
+    facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings
+) -> QualityResult:
+    return run_quality(
+        facts.base_url, facts.model, spec.evalsets, folder / "quality",
+        tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
+        num_concurrent=settings.num_concurrent,
+    )
+
+
+@task(name="load", cache_policy=NO_CACHE)
+def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path) -> LoadResult:
+    return run_load(facts.base_url, facts.model, profile, folder / "load")
+
+
+def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings) -> StageRecord:
+    """Start the engine, measure, stop; a failed measurement is kept as the stage's error."""
+    logger = get_run_logger()
+    record = StageRecord(
+        name=stage.name, kind=stage.kind, parent=stage.parent, axes=stage.axes.model_dump(),
+        changed=stage.changed, fingerprint=stage.fingerprint(),
+    )
+    spec = prepared.spec
+    engine = engine_class(spec.engine.kind)(
+        spec.engine, stage.checkpoint, stage.engine_flags, folder / "engine.log", stage.name
+    )
+    logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe())
+    try:
+        with engine as facts:
+            record.facts = facts
+            logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
+                        facts.kv_cache_tokens)
+            record.quality = measure_quality(facts, stage, spec, folder, settings)
+            record.load = measure_load(facts, prepared.profile, folder)
+    except MeasurementError as err:
+        record.error = str(err)
+        logger.error("stage %s: %s", stage.name, err)
+    except EngineError as err:
+        record.error = str(err)
+        if record.facts is None:  # never came up: nothing more to learn from later stages
+            record.save(folder)
+            raise
+    record.save(folder)
+    return record
+
+
+@flow(name="acceptance", log_prints=True)
+def acceptance(spec_path: str, settings: Settings | None = None) -> Verdict:
+    """Baseline, then each stage against its parent; returns the verdict (also on disk)."""
+    settings = settings or Settings()
+    prepared = Prepared(Path(spec_path))
+    spec = prepared.spec
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}").resolve()
+    manifest = RunManifest(candidate=spec.candidate, stages=[], spec_path=str(spec_path))
+    tracker = Tracker(settings.mlflow_tracking_uri, settings.mlflow_experiment)
+    params = {"spec": str(spec_path), "results_dir": str(results_dir),
+              "stages": " > ".join(s.name for s in prepared.stages),
+              "evalsets": ",".join(e.name for e in spec.evalsets),
+              "load_profile": spec.load_profile, "gate_policy": spec.gate_policy}
+    with tracker.candidate_run(spec.candidate, params):
+        records = []
+        for stage in prepared.stages:
+            folder = results_dir / stage.name
+            manifest.stages.append(stage.name)
+            manifest.save(results_dir)
+            try:
+                record = run_stage(stage, prepared, folder, settings)
+            finally:
+                if (folder / "stage.json").exists():
+                    tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
+            records.append(record)
+        verdict = decide(spec.candidate, records, prepared.policy)
+        verdict_path = verdict.save(results_dir / "verdict.json")
+        tracker.log_verdict(verdict, verdict_path)
+    print(f"verdict: {verdict.decision} -> {verdict_path}")
+    return verdict

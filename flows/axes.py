@@ -1,0 +1,119 @@
+"""Quantization axes of a stage, derived from what is served: checkpoint config + engine flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from infra.errors import SpecError
+
+AXES = ("weights", "activations", "kv_cache")
+
+# Engine-side (on-the-fly) quantization methods and what they change.
+ONLINE_QUANTIZATION: dict[str, dict[str, str]] = {
+    "fp8": {"weights": "float8/tensor", "activations": "float8/tensor/dynamic"},
+    "fp8_per_channel": {"weights": "float8/channel", "activations": "float8/token/dynamic"},
+    "fp8_per_block": {"weights": "float8/block", "activations": "float8/group/dynamic"},
+    "int8_per_channel_weight_only": {"weights": "int8/channel"},
+}
+
+KV_CACHE_DTYPES = {
+    "auto": "auto",
+    "bfloat16": "auto",
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+}
+
+
+class Axes(BaseModel):
+    """One value per axis; 'none' means unquantized (served in the model dtype)."""
+
+    weights: str = Field(description="e.g. 'none', 'int8/channel', 'int4/group64'.")
+    activations: str = Field(description="e.g. 'none', 'int8/token/dynamic'.")
+    kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant.")
+
+    def differences(self, other: Axes) -> list[str]:
+        return [axis for axis in AXES if getattr(self, axis) != getattr(other, axis)]
+
+    def describe(self) -> str:
+        return ", ".join(f"{axis}={getattr(self, axis)}" for axis in AXES)
+
+
+def _format_args(args: dict[str, Any] | None, with_dynamic: bool) -> str:
+    if not args:
+        return "none"
+    kind = args.get("type", "int")
+    bits = args.get("num_bits", "?")
+    strategy = args.get("strategy") or "tensor"
+    if strategy == "group" and args.get("group_size"):
+        strategy = f"group{args['group_size']}"
+    if strategy == "block" and args.get("block_structure"):
+        strategy = "block" + "x".join(str(n) for n in args["block_structure"])
+    text = f"{kind}{bits}/{strategy}"
+    if not args.get("symmetric", True):
+        text += "/asym"
+    if with_dynamic:
+        text += "/dynamic" if args.get("dynamic") else "/static"
+    return text
+
+
+def _compressed_tensors_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
+    groups = list((qc.get("config_groups") or {}).values())
+    if not groups:
+        raise SpecError("compressed-tensors quantization_config has no config_groups")
+    weights = sorted({_format_args(g.get("weights"), with_dynamic=False) for g in groups})
+    acts = sorted({_format_args(g.get("input_activations"), with_dynamic=True) for g in groups})
+    kv = qc.get("kv_cache_scheme")
+    kv_axis = f"{kv.get('type', 'float')}{kv.get('num_bits', '?')}/static" if kv else None
+    return "+".join(weights), "+".join(acts), kv_axis
+
+
+def _quantization_config_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _compressed_tensors_axes(qc)
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
+        group = qc.get("group_size", qc.get("q_group_size", -1))
+        strategy = f"group{group}" if group and group > 0 else "channel"
+        return f"int{qc.get('bits', qc.get('w_bit', '?'))}/{strategy}", "none", None
+    if method == "fp8":
+        strategy = "block" if qc.get("weight_block_size") else "tensor"
+        dynamic = qc.get("activation_scheme", "dynamic")
+        return f"float8/{strategy}", f"float8/tensor/{dynamic}", None
+    raise SpecError(
+        f"unsupported quant_method {method!r} in quantization_config; "
+        "supported: compressed-tensors, gptq, awq, fp8"
+    )
+
+
+def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
+    """Axes from a checkpoint's config.json and the engine flags it is served with."""
+    weights, activations, kv_cache = "none", "none", None
+    qc = config.get("quantization_config")
+    if qc:
+        weights, activations, kv_cache = _quantization_config_axes(qc)
+    online = engine_flags.get("quantization")
+    if online:
+        if qc:
+            raise SpecError(
+                f"engine flag quantization={online!r} on a checkpoint that is already quantized "
+                f"({qc.get('quant_method')}); serve one or the other"
+            )
+        if online not in ONLINE_QUANTIZATION:
+            raise SpecError(
+                f"unknown engine quantization {online!r}; valid: {', '.join(ONLINE_QUANTIZATION)}"
+            )
+        changes = ONLINE_QUANTIZATION[online]
+        weights = changes.get("weights", weights)
+        activations = changes.get("activations", activations)
+    kv_flag = str(engine_flags.get("kv_cache_dtype") or "auto")
+    if kv_flag not in KV_CACHE_DTYPES:
+        raise SpecError(
+            f"unknown kv_cache_dtype {kv_flag!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
+        )
+    kv_axis = KV_CACHE_DTYPES[kv_flag]
+    if kv_axis == "auto" and kv_cache:
+        kv_axis = kv_cache
+    return Axes(weights=weights, activations=activations, kv_cache=kv_axis)

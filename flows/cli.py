@@ -1,0 +1,115 @@
+"""The `quantgate` command: validate a spec, run an acceptance, re-gate stored results."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import QuantgateError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console()
+err_console = Console(stderr=True)
+
+QUIET_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+}
+
+
+def fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def print_verdict(verdict) -> None:
+    table = Table(title=f"{verdict.candidate}: {verdict.decision.upper()}")
+    for column in ("stage", "kind", "parent", "result", "failed checks"):
+        table.add_column(column)
+    for stage in verdict.stages:
+        failed = "\n".join(f"{c.rule}: {c.reason}" for c in stage.failures) or "-"
+        result = "[green]pass[/]" if stage.passed else "[red]fail[/]"
+        table.add_row(stage.stage, stage.kind, str(stage.parent), result, failed)
+    console.print(table)
+    if verdict.decision == "rollback":
+        console.print(f"rollback to stage [bold]{verdict.accepted_stage}[/]:")
+        console.print(verdict.rollback_command or "(no stage was accepted)", soft_wrap=True)
+
+
+@app.command()
+def validate(spec: Path) -> None:
+    """Check a spec, its stages' axes, eval sets, load profile and gate policy; run nothing."""
+    from flows.acceptance import Prepared
+
+    try:
+        prepared = Prepared(spec)
+    except QuantgateError as err:
+        fail(str(err))
+    table = Table(title=f"{prepared.spec.candidate}: valid")
+    for column in ("stage", "kind", "parent", "weights", "activations", "kv_cache", "checkpoint"):
+        table.add_column(column)
+    for stage in prepared.stages:
+        table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
+                      stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
+    console.print(table)
+
+
+@app.command()
+def run(spec: Path) -> None:
+    """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
+    os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
+    from flows.acceptance import Prepared, acceptance
+
+    try:
+        Prepared(spec)  # fail fast, before Prefect and any engine start
+        verdict = acceptance(str(spec))
+    except QuantgateError as err:
+        fail(str(err))
+    print_verdict(verdict)
+    raise typer.Exit(verdict.exit_code)
+
+
+@app.command()
+def gate(results_dir: Path, policy: str = typer.Option("default", help="Policy name or path.")) -> None:
+    """Recompute the verdict from a stored results folder (no engine needed)."""
+    from gates.decide import decide, load_records
+    from gates.policy import load_policy
+
+    try:
+        if not (results_dir / "manifest.json").is_file():
+            raise QuantgateError(f"{results_dir} is not a results folder (no manifest.json)")
+        candidate, records = load_records(results_dir)
+        verdict = decide(candidate, records, load_policy(policy))
+    except QuantgateError as err:
+        fail(str(err))
+    print_verdict(verdict)
+    raise typer.Exit(verdict.exit_code)
+
+
+@app.command("prepare-demo")
+def prepare_demo(models_dir: Path = Path("models")) -> None:
+    """Make the demo baseline (bf16 from the PyPI GGUF) and its quantized candidates."""
+    from infra.demo_models import prepare_demo_models
+
+    try:
+        for path in prepare_demo_models(models_dir):
+            console.print(f"ready: {path}")
+    except QuantgateError as err:
+        fail(str(err))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

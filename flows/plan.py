@@ -1,0 +1,99 @@
+"""Turn a spec into ordered stages, each changing exactly one axis against its parent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from flows.axes import Axes, derive_axes
+from flows.spec import EngineFlags, Spec
+from infra.checkpoint import read_config
+from infra.errors import SpecError
+
+
+class Stage(BaseModel):
+    """A stage as it will be served: effective checkpoint + flags and the derived axes."""
+
+    name: str
+    kind: str = Field(description="'baseline', 'weights', 'activations' or 'kv_cache'.")
+    parent: str | None
+    checkpoint: Path
+    engine_flags: EngineFlags
+    axes: Axes
+    changed: list[str] = Field(default_factory=list, description="Axes changed vs the parent.")
+
+    def fingerprint(self) -> str:
+        """Identifies what is served (checkpoint config + flags), for caching and sign-off."""
+        config = (self.checkpoint / "config.json").read_bytes()
+        flags = json.dumps(self.engine_flags.model_dump(), sort_keys=True).encode()
+        return hashlib.sha256(config + flags + str(self.checkpoint).encode()).hexdigest()[:16]
+
+
+def _merge(parent: EngineFlags, override: EngineFlags | None) -> EngineFlags:
+    if override is None:
+        return parent.model_copy(deep=True)
+    merged = parent.model_dump() | override.model_dump(exclude_unset=True)
+    return EngineFlags.model_validate(merged)
+
+
+def _axes(stage_name: str, checkpoint: Path, flags: EngineFlags) -> Axes:
+    try:
+        return derive_axes(read_config(checkpoint), flags.model_dump())
+    except SpecError as err:
+        raise SpecError(f"stage {stage_name!r}: {err}") from err
+
+
+def plan(spec: Spec) -> list[Stage]:
+    """Baseline first, then each stage; refuse a stage that changes zero or several axes."""
+    base_flags = spec.baseline.engine_flags
+    stages = {
+        "baseline": Stage(
+            name="baseline",
+            kind="baseline",
+            parent=None,
+            checkpoint=spec.baseline.checkpoint,
+            engine_flags=base_flags,
+            axes=_axes("baseline", spec.baseline.checkpoint, base_flags),
+        )
+    }
+    if stages["baseline"].axes.weights != "none" or stages["baseline"].axes.activations != "none":
+        raise SpecError(
+            f"baseline must be unquantized, but it serves {stages['baseline'].axes.describe()}"
+        )
+    for item in spec.stages:
+        parent = stages[item.parent]
+        checkpoint = item.checkpoint or parent.checkpoint
+        flags = _merge(parent.engine_flags, item.engine_flags)
+        axes = _axes(item.name, checkpoint, flags)
+        changed = axes.differences(parent.axes)
+        if not changed:
+            raise SpecError(
+                f"stage {item.name!r} changes no axis against its parent {parent.name!r} "
+                f"(both serve {axes.describe()}); a stage must change exactly one axis"
+            )
+        if len(changed) > 1:
+            detail = "; ".join(
+                f"{axis}: {getattr(parent.axes, axis)} -> {getattr(axes, axis)}" for axis in changed
+            )
+            raise SpecError(
+                f"stage {item.name!r} changes {len(changed)} axes against its parent "
+                f"{parent.name!r} ({detail}); a stage must change exactly one axis"
+            )
+        if changed[0] != item.kind:
+            raise SpecError(
+                f"stage {item.name!r} is declared kind {item.kind!r} but what it serves changes "
+                f"{changed[0]} ({getattr(parent.axes, changed[0])} -> {getattr(axes, changed[0])})"
+            )
+        stages[item.name] = Stage(
+            name=item.name,
+            kind=item.kind,
+            parent=parent.name,
+            checkpoint=checkpoint,
+            engine_flags=flags,
+            axes=axes,
+            changed=changed,
+        )
+    return list(stages.values())

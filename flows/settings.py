@@ -1,0 +1,27 @@
+"""The one settings object: environment variables with the QG_ prefix, passed in explicitly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QG_")
+
+    results_dir: Path = Field(
+        default=Path("runs"), description="Where each run's per-stage results folder is written."
+    )
+    mlflow_tracking_uri: str = Field(
+        default_factory=_default_tracking_uri,
+        description="MLflow store; defaults to MLFLOW_TRACKING_URI, else sqlite in the cwd.",
+    )
+    mlflow_experiment: str = Field(default="quantgate", description="MLflow experiment name.")
+    num_concurrent: int = Field(default=4, ge=1, description="Parallel eval requests (lm-eval).")

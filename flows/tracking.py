@@ -1,0 +1,106 @@
+"""MLflow logging: a parent run per candidate, a nested run per stage, stable metric names."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from gates.record import StageRecord
+from gates.verdict import Verdict
+
+LOAD_FIGURES = (
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
+    "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
+    "requests_per_s", "output_tokens_per_s", "error_rate",
+)
+
+
+def stage_params(record: StageRecord) -> dict[str, str]:
+    params = {f"axis.{axis}": value for axis, value in record.axes.items()}
+    params |= {"stage_kind": record.kind, "parent": str(record.parent), "changed": ",".join(
+        record.changed) or "-"}
+    if record.facts:
+        params |= {
+            "engine.command": record.facts.command_line()[:6000],
+            "engine.version": str(record.facts.version),
+            "engine.kv_cache_dtype": str(record.facts.kv_cache_dtype),
+        }
+    return params
+
+
+def stage_metrics(record: StageRecord) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    facts = record.facts
+    if facts:
+        for name in ("kv_cache_tokens", "weight_bytes", "startup_s", "max_model_len"):
+            value = getattr(facts, name)
+            if value is not None:
+                metrics[f"engine.{name}"] = float(value)
+    if record.quality:
+        for name, task in record.quality.tasks.items():
+            metrics[f"quality.{name}.{task.metric}"] = task.value
+            lengths = [i.output_tokens for i in task.items if i.output_tokens is not None]
+            if lengths:
+                metrics[f"length.{name}.mean_output_tokens"] = sum(lengths) / len(lengths)
+        if record.quality.perplexity is not None:
+            metrics["quality.perplexity"] = record.quality.perplexity
+    if record.load:
+        for level, summary in record.load.summaries.items():
+            for name in LOAD_FIGURES:
+                value = getattr(summary, name)
+                if value is not None:
+                    metrics[f"load.{level}.{name}"] = float(value)
+    return metrics
+
+
+class Tracker:
+    """Owns the MLflow runs of one acceptance; marks them FAILED if the flow breaks."""
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_experiment(experiment)
+        self.parent_run_id: str | None = None
+
+    @contextlib.contextmanager
+    def candidate_run(self, candidate: str, params: dict[str, str]) -> Iterator[str]:
+        run = self.mlflow.start_run(run_name=candidate, tags={"candidate": candidate})
+        self.parent_run_id = run.info.run_id
+        try:
+            self.mlflow.log_params(params)
+            yield run.info.run_id
+        except BaseException as err:
+            self.mlflow.set_tag("failure", f"{type(err).__name__}: {err}"[:5000])
+            self.mlflow.end_run(status="FAILED")
+            raise
+        self.mlflow.end_run(status="FINISHED")
+
+    def log_stage(self, candidate: str, record: StageRecord, folder: Path) -> None:
+        tags = {"candidate": candidate, "stage": record.name, "stage_kind": record.kind}
+        with self.mlflow.start_run(run_name=f"{candidate}/{record.name}", nested=True, tags=tags):
+            self.mlflow.log_params(stage_params(record))
+            self.mlflow.log_metrics(stage_metrics(record))
+            if record.error:
+                self.mlflow.set_tag("failure", record.error[:5000])
+            if folder.is_dir():
+                self.mlflow.log_artifacts(str(folder), artifact_path="results")
+            if record.error:
+                self.mlflow.end_run(status="FAILED")
+
+    def log_verdict(self, verdict: Verdict, verdict_path: Path) -> None:
+        self.mlflow.set_tag("verdict", verdict.decision)
+        self.mlflow.set_tag("accepted_stage", str(verdict.accepted_stage))
+        self.mlflow.log_metric("verdict.go", 1.0 if verdict.decision == "go" else 0.0)
+        self.mlflow.log_artifact(str(verdict_path))
+        client = self.mlflow.tracking.MlflowClient()
+        for stage in verdict.stages:
+            runs = client.search_runs(
+                [self.mlflow.active_run().info.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}' "
+                f"and tags.stage = '{stage.stage}'",
+            )
+            for run in runs:
+                client.set_tag(run.info.run_id, "verdict", "pass" if stage.passed else "fail")

@@ -1,0 +1,1 @@
+"""Gates: pure functions from stored results to a go / rollback verdict."""

@@ -1,0 +1,74 @@
+"""From stage records to one verdict: go only when every stage of the chain passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gates.checks import Check, stage_checks
+from gates.policy import GatePolicy
+from gates.record import RunManifest, StageRecord
+from gates.verdict import StageVerdict, Verdict
+
+
+def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:
+    if baseline.error:
+        return [Check(rule="stage", passed=False, reason=f"baseline did not finish: {baseline.error}")]
+    checks = [Check(rule="stage", passed=True, reason="baseline measured")]
+    for what, value in (("quality", baseline.quality), ("load", baseline.load)):
+        if value is None:
+            checks.append(Check(rule=what, passed=False, reason=f"{what} was not measured"))
+    if baseline.load:
+        limit = policy.load.max_error_rate
+        for level, summary in baseline.load.summaries.items():
+            checks.append(Check(
+                rule=f"load.{level}.errors", passed=summary.error_rate <= limit,
+                value=summary.error_rate, limit=limit,
+                reason=f"{summary.errors}/{summary.requests} requests failed",
+            ))
+    return checks
+
+
+def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Verdict:
+    """Records in run order, baseline first."""
+    by_name = {record.name: record for record in records}
+    baseline = records[0]
+    verdicts: dict[str, StageVerdict] = {}
+    for record in records:
+        if record.parent is None:
+            checks = _baseline_checks(record, policy)
+        else:
+            checks = stage_checks(record, by_name[record.parent], baseline, policy)
+        verdicts[record.name] = StageVerdict(
+            stage=record.name, kind=record.kind, parent=record.parent,
+            passed=bool(checks) and all(c.passed for c in checks), checks=checks,
+        )
+
+    def chain_passed(name: str | None) -> bool:
+        while name is not None:
+            if not verdicts[name].passed:
+                return False
+            name = by_name[name].parent
+        return True
+
+    accepted = next((r for r in reversed(records) if chain_passed(r.name)), None)
+    final_ok = chain_passed(records[-1].name) and len(records) > 1
+    reasons = [
+        f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.failures
+    ]
+    if len(records) == 1:
+        reasons.append("no candidate stage was measured")
+    return Verdict(
+        candidate=candidate,
+        decision="go" if final_ok else "rollback",
+        stages=list(verdicts.values()),
+        accepted_stage=accepted.name if accepted else None,
+        rollback_command=accepted.facts.command_line() if accepted and accepted.facts else None,
+        reasons=reasons,
+    )
+
+
+def load_records(results_dir: Path) -> tuple[str, list[StageRecord]]:
+    """Stage records from a results folder, in run order."""
+    manifest = RunManifest.read(results_dir)
+    records = [StageRecord.read(results_dir / name) for name in manifest.stages]
+    return manifest.candidate, records

@@ -1,0 +1,48 @@
+"""What one stage measured, as gates read it: stored in a folder, reloadable a week later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evalsets.results import QualityResult
+from infra.engine import EngineFacts
+from load.results import LoadResult
+
+
+class StageRecord(BaseModel):
+    name: str
+    kind: str
+    parent: str | None
+    axes: dict[str, str]
+    changed: list[str] = Field(default_factory=list)
+    fingerprint: str | None = None
+    facts: EngineFacts | None = None
+    quality: QualityResult | None = None
+    load: LoadResult | None = None
+    error: str | None = Field(default=None, description="Why the stage could not finish.")
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stage.json").write_text(self.model_dump_json(indent=1))
+
+    @classmethod
+    def read(cls, folder: Path) -> StageRecord:
+        return cls.model_validate_json((folder / "stage.json").read_text())
+
+
+class RunManifest(BaseModel):
+    """The results folder's index: which candidate, which stages in run order."""
+
+    candidate: str
+    stages: list[str]
+    spec_path: str | None = None
+
+    def save(self, results_dir: Path) -> None:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        (results_dir / "manifest.json").write_text(self.model_dump_json(indent=1))
+
+    @classmethod
+    def read(cls, results_dir: Path) -> RunManifest:
+        return cls.model_validate_json((results_dir / "manifest.json").read_text())

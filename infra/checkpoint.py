@@ -1,0 +1,36 @@
+"""Reading a checkpoint folder: is it a model, how big are its weights, what quantization it carries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.errors import CheckpointError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def read_config(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's config.json, or a CheckpointError naming what is wrong."""
+    if not checkpoint.exists():
+        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"checkpoint {checkpoint} is not a directory")
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"checkpoint {checkpoint} is not a model: no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_path} is not valid JSON: {err}") from err
+    if "model_type" not in config and "architectures" not in config:
+        raise CheckpointError(f"{config_path} is not a model config: no model_type or architectures")
+    if not any(path.suffix in WEIGHT_SUFFIXES for path in checkpoint.iterdir()):
+        raise CheckpointError(f"checkpoint {checkpoint} is not a model: no weight files")
+    return config
+
+
+def weight_bytes(checkpoint: Path) -> int:
+    """Bytes of weight files on disk: a fair weight-size figure across formats."""
+    return sum(p.stat().st_size for p in checkpoint.iterdir() if p.suffix in WEIGHT_SUFFIXES)

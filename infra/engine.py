@@ -1,0 +1,73 @@
+"""The engine interface: a server you start (or find), probe for facts, and stop."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+from infra.errors import EngineError, did_you_mean
+
+
+class EngineFacts(BaseModel):
+    """What the serving engine says about itself once it is healthy."""
+
+    base_url: str = Field(description="OpenAI-compatible root, e.g. http://127.0.0.1:8100")
+    model: str = Field(description="Served model name to put in requests.")
+    command: list[str] = Field(default_factory=list, description="Exact command line that started it.")
+    env: dict[str, str] = Field(default_factory=dict, description="Engine-relevant environment variables.")
+    version: str | None = None
+    kv_cache_tokens: int | None = Field(default=None, description="KV capacity in tokens (/metrics).")
+    kv_cache_dtype: str | None = None
+    kv_cache_bytes: int | None = None
+    weight_bytes: int | None = Field(default=None, description="Checkpoint size on disk.")
+    max_model_len: int | None = None
+    startup_s: float | None = Field(default=None, description="Seconds from launch to healthy.")
+
+    def command_line(self) -> str:
+        """The command as one shell line, environment first, ready to paste."""
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = shlex.join(self.command)
+        return f"{env} {cmd}".strip()
+
+
+class Engine(ABC):
+    """A running OpenAI-compatible server; use as a context manager."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def start(self) -> EngineFacts: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> EngineFacts:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+ENGINES: dict[str, type[Engine]] = {}
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    ENGINES[cls.kind] = cls
+    return cls
+
+
+def engine_class(kind: str) -> type[Engine]:
+    # Importing here registers the built-in kinds without import-time side effects elsewhere.
+    from infra import external_engine, vllm_engine  # noqa: F401
+
+    if kind not in ENGINES:
+        raise EngineError(f"unknown engine kind {kind!r}; {did_you_mean(kind, tuple(ENGINES))}")
+    return ENGINES[kind]

@@ -1,0 +1,36 @@
+"""Small HTTP probes of an OpenAI-compatible server: health, models, metrics."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def get_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict:
+    response = httpx.get(f"{base_url}{path}", timeout=timeout_s)
+    response.raise_for_status()
+    return response.json()
+
+
+def cache_config(metrics_text: str) -> dict[str, str]:
+    """Labels of vllm:cache_config_info (kv_cache_size_tokens, cache_dtype, ...), or {}."""
+    match = CACHE_INFO.search(metrics_text)
+    return dict(LABEL.findall(match.group("labels"))) if match else {}
+
+
+def optional_int(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value not in (None, "", "None") else None
+    except ValueError:
+        return None

