@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import pytest
+
+from gates.decide import decide, load_records
+from gates.policy import GatePolicy, load_policy
+from gates.record import RunManifest
+from infra.errors import SpecError
+from tests.gates.records import record
+
+POLICY = GatePolicy()
+BASE_SCORES = [1.0] * 30 + [0.0] * 30
+
+
+def failed_rules(verdict, stage):
+    return [c.rule for s in verdict.stages if s.stage == stage for c in s.failures]
+
+
+def test_identical_stage_goes():
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", BASE_SCORES)],
+                     POLICY)
+    assert verdict.decision == "go" and verdict.exit_code == 0
+    assert verdict.accepted_stage == "w" and verdict.reasons == []
+
+
+def test_broken_items_roll_back_with_flip_counts():
+    broken = [0.0] * 12 + [1.0] * 18 + [0.0] * 30
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", broken)],
+                     POLICY)
+    assert verdict.decision == "rollback" and verdict.exit_code == 1
+    assert failed_rules(verdict, "w") == ["quality.math"]
+    assert "12 correct->wrong, 0 wrong->correct" in verdict.reasons[0]
+    assert verdict.accepted_stage == "baseline"
+    assert verdict.rollback_command == "vllm --model baseline"
+
+
+def test_balanced_flips_within_tolerance_go():
+    shuffled = [0.0] + [1.0] * 29 + [1.0] + [0.0] * 29
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", shuffled)],
+                     POLICY)
+    assert verdict.decision == "go"
+
+
+def test_perplexity_latency_errors_and_length_each_fail():
+    stages = [
+        record("baseline", None, BASE_SCORES),
+        record("w", "baseline", BASE_SCORES, perplexity=12.0),
+        record("a", "w", BASE_SCORES, perplexity=12.0, tpot=40.0, kind="activations"),
+        record("kv", "a", BASE_SCORES, perplexity=12.0, tpot=40.0, errors=5,
+               lengths=[60] * 60, kind="kv_cache"),
+    ]
+    verdict = decide("c", stages, POLICY)
+    assert failed_rules(verdict, "w") == ["perplexity.parent"]
+    assert failed_rules(verdict, "a") == ["perplexity.baseline", "latency.low.tpot_p50_ms"]
+    assert failed_rules(verdict, "kv") == ["perplexity.baseline", "load.low.errors", "load.high.errors",
+                                           "length"]
+    assert verdict.accepted_stage == "baseline"
+
+
+def test_missing_measurements_fail_closed():
+    stage = record("w", "baseline", BASE_SCORES)
+    stage.load = None
+    stage.quality.perplexity = None
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), stage], POLICY)
+    assert verdict.decision == "rollback"
+    assert set(failed_rules(verdict, "w")) == {"perplexity", "load"}
+
+
+def test_stage_error_and_too_few_items_fail_closed():
+    errored = record("w", "baseline", BASE_SCORES)
+    errored.error = "engine died"
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), errored], POLICY)
+    assert verdict.reasons == ["w: stage: stage did not finish: engine died"]
+    small = decide("c", [record("baseline", None, [1.0] * 5), record("w", "baseline", [1.0] * 5)],
+                   POLICY)
+    assert "quality.math" in failed_rules(small, "w") and "length" in failed_rules(small, "w")
+
+
+def test_later_stage_cannot_be_accepted_when_an_ancestor_failed():
+    stages = [
+        record("baseline", None, BASE_SCORES),
+        record("w", "baseline", BASE_SCORES, perplexity=12.0),
+        record("a", "w", BASE_SCORES, perplexity=12.0, kind="activations"),
+    ]
+    stages[2].quality.perplexity = 12.0
+    policy = GatePolicy.model_validate({"perplexity": {"max_increase_vs_baseline": 0.5}})
+    verdict = decide("c", stages, policy)
+    assert [s.passed for s in verdict.stages] == [True, False, True]
+    assert verdict.decision == "rollback" and verdict.accepted_stage == "baseline"
+
+
+def test_verdict_round_trips_from_stored_records(tmp_path):
+    stages = [record("baseline", None, BASE_SCORES), record("w", "baseline", BASE_SCORES)]
+    for stage in stages:
+        stage.save(tmp_path / stage.name)
+    RunManifest(candidate="c", stages=["baseline", "w"]).save(tmp_path)
+    candidate, loaded = load_records(tmp_path)
+    again = decide(candidate, loaded, POLICY)
+    assert again == decide("c", stages, POLICY)
+    path = again.save(tmp_path / "verdict.json")
+    assert '"schema_version": "1"' in path.read_text()
+
+
+def test_default_policy_file_loads_and_bad_policy_is_named(tmp_path):
+    assert load_policy("default") == GatePolicy()
+    bad = tmp_path / "p.yaml"
+    bad.write_text("quality: {max_accuracy_drop: 2}\n")
+    with pytest.raises(SpecError, match=r"field 'quality.max_accuracy_drop'"):
+        load_policy(str(bad))
+    with pytest.raises(SpecError, match="not found"):
+        load_policy("strict")
