@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def fail(message: str) -> None:
 def print_verdict(verdict) -> None:
     table = Table(title=f"{verdict.candidate}: {verdict.decision.upper()}")
     for column in ("stage", "kind", "parent", "result", "failed checks"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for stage in verdict.stages:
         failed = "\n".join(f"{c.rule}: {c.reason}" for c in stage.failures) or "-"
         result = "[green]pass[/]" if stage.passed else "[red]fail[/]"
@@ -57,7 +58,7 @@ def validate(spec: Path) -> None:
         fail(str(err))
     table = Table(title=f"{prepared.spec.candidate}: valid")
     for column in ("stage", "kind", "parent", "weights", "activations", "kv_cache", "checkpoint"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for stage in prepared.stages:
         table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
                       stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
@@ -108,8 +109,18 @@ def prepare_demo(models_dir: Path = Path("models")) -> None:
         fail(str(err))
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Raising unwinds the flow: engines are stopped and MLflow runs marked FAILED on the way out.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
