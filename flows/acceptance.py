@@ -18,6 +18,7 @@ from gates.decide import decide
 from gates.policy import GatePolicy, load_policy
 from gates.record import RunManifest, StageRecord
 from gates.verdict import Verdict
+from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError
 from load.profile import LoadProfile, load_profile
@@ -32,6 +33,13 @@ class Prepared:
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
         self.stages: list[Stage] = plan(self.spec)
+        engine = self.spec.engine
+        if engine.kind == "vllm" and engine.device == "cpu":
+            flags = cpu_flags()
+            for stage in self.stages:
+                axes = stage.axes
+                check_cpu_servable(stage.name, axes.weights, axes.activations, axes.kv_cache,
+                                   axes.emulated, flags)
         base = spec_path.resolve().parent
         profile = self.spec.load_profile
         if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
@@ -60,7 +68,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     """Start the engine, measure, stop; a failed measurement is kept as the stage's error."""
     logger = get_run_logger()
     record = StageRecord(
-        name=stage.name, kind=stage.kind, parent=stage.parent, axes=stage.axes.model_dump(),
+        name=stage.name, kind=stage.kind, parent=stage.parent,
+        axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
         changed=stage.changed, fingerprint=stage.fingerprint(),
     )
     spec = prepared.spec

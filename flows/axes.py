@@ -33,6 +33,10 @@ class Axes(BaseModel):
     weights: str = Field(description="e.g. 'none', 'int8/channel', 'int4/group64'.")
     activations: str = Field(description="e.g. 'none', 'int8/token/dynamic'.")
     kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant.")
+    emulated: bool = Field(
+        default=False,
+        description="Weights were quantized then dequantized to bf16: quality is real, speed is not.",
+    )
 
     def differences(self, other: Axes) -> list[str]:
         return [axis for axis in AXES if getattr(self, axis) != getattr(other, axis)]
@@ -92,7 +96,17 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
     """Axes from a checkpoint's config.json and the engine flags it is served with."""
     weights, activations, kv_cache = "none", "none", None
     qc = config.get("quantization_config")
-    if qc:
+    emulation = config.get("quantgate_emulated")
+    if qc and emulation:
+        raise SpecError("config has both quantization_config and quantgate_emulated; pick one")
+    if emulation:
+        weights, activations, kv_cache = _quantization_config_axes(emulation["quantization_config"])
+        if activations != "none":
+            raise SpecError(
+                f"a dequantized checkpoint cannot emulate activation quantization ({activations}); "
+                "serve the real checkpoint"
+            )
+    elif qc:
         weights, activations, kv_cache = _quantization_config_axes(qc)
     online = engine_flags.get("quantization")
     if online:
@@ -116,4 +130,4 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
     kv_axis = KV_CACHE_DTYPES[kv_flag]
     if kv_axis == "auto" and kv_cache:
         kv_axis = kv_cache
-    return Axes(weights=weights, activations=activations, kv_cache=kv_axis)
+    return Axes(weights=weights, activations=activations, kv_cache=kv_axis, emulated=bool(emulation))

@@ -38,6 +38,12 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
             checks = _baseline_checks(record, policy)
         else:
             checks = stage_checks(record, by_name[record.parent], baseline, policy)
+        if record is records[-1] and record.emulated:
+            checks.append(Check(
+                rule="servable", passed=False,
+                reason="the candidate stage serves dequantized (emulated) weights: what would ship "
+                "was never served or timed",
+            ))
         verdicts[record.name] = StageVerdict(
             stage=record.name, kind=record.kind, parent=record.parent,
             passed=bool(checks) and all(c.passed for c in checks), checks=checks,
@@ -50,7 +56,10 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
             name = by_name[name].parent
         return True
 
-    accepted = next((r for r in reversed(records) if chain_passed(r.name)), None)
+    # Only a configuration that was really served can be rolled back to.
+    accepted = next(
+        (r for r in reversed(records) if chain_passed(r.name) and not r.emulated), None
+    )
     final_ok = chain_passed(records[-1].name) and len(records) > 1
     reasons = [
         f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.failures

@@ -17,6 +17,7 @@ class StageRecord(BaseModel):
     parent: str | None
     axes: dict[str, str]
     changed: list[str] = Field(default_factory=list)
+    emulated: bool = Field(default=False, description="Weights dequantized: speed not representative.")
     fingerprint: str | None = None
     facts: EngineFacts | None = None
     quality: QualityResult | None = None

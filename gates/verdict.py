@@ -16,6 +16,7 @@ class Check(BaseModel):
     reason: str = Field(description="Why it passed or failed, with the numbers.")
     value: float | None = None
     limit: float | None = None
+    applicable: bool = Field(default=True, description="False: shown, but not part of the decision.")
 
 
 class StageVerdict(BaseModel):

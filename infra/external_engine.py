@@ -9,7 +9,7 @@ import httpx
 from infra.checkpoint import weight_bytes
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError
-from infra.http import cache_config, get_json, optional_int
+from infra.probe import cache_config, get_json, optional_int
 
 
 @register

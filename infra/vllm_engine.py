@@ -15,7 +15,7 @@ import httpx
 from infra.checkpoint import read_config, weight_bytes
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError
-from infra.http import cache_config, get_json, healthy, optional_int
+from infra.probe import cache_config, get_json, healthy, optional_int
 
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 

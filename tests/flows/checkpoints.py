@@ -49,3 +49,16 @@ def make_demo_checkpoints(root: Path) -> dict[str, Path]:
         "w8a8": make_checkpoint(root / "w8a8", W8A8),
         "w4a16": make_checkpoint(root / "w4a16", W4A16),
     }
+
+
+def emulated(source: str, quantization_config: dict) -> dict:
+    """The config key a dequantized (quantize -> dequantize -> bf16) checkpoint carries."""
+    return {"method": "dequantized", "source": source, "quantization_config": quantization_config}
+
+
+def make_emulated_checkpoint(folder: Path, source: str, quantization_config: dict) -> Path:
+    make_checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantgate_emulated"] = emulated(source, quantization_config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -57,49 +57,70 @@ def mlflow_runs(folder: Path):
     return mlflow.search_runs(experiment_names=["quantgate"])
 
 
+def run_spec(tmp_path_factory, name: str, stages: list[dict]):
+    folder = tmp_path_factory.mktemp(name)
+    result = quantgate("run", str(write_spec(folder, stages, free_port())), cwd=folder)
+    print(result.stdout[-4000:], result.stderr[-4000:])
+    results = next((folder / "runs").glob("e2e-*"))
+    verdict = json.loads((results / "verdict.json").read_text())
+    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    return folder, result, verdict, records
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    """baseline -> weights int8 -> weights int4 g64 RTN: the last step is a bad candidate."""
-    folder = tmp_path_factory.mktemp("chain")
-    spec = write_spec(folder, [
-        {"name": "w8", "kind": "weights", "checkpoint": str(MODELS / "smollm2-135m-w8a16")},
-        {"name": "w4", "kind": "weights", "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64")},
-    ], free_port())
-    result = quantgate("run", str(spec), cwd=folder)
-    print(result.stdout[-4000:], result.stderr[-4000:])
-    return folder, result
+    """baseline -> weights INT8 (dequantized: no INT8 weight-only CPU kernel) -> W8A8 activations."""
+    return run_spec(tmp_path_factory, "chain", [
+        {"name": "w8", "kind": "weights", "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")},
+        {"name": "a8", "kind": "activations", "checkpoint": str(MODELS / "smollm2-135m-w8a8")},
+    ])
 
 
-def test_bad_int4_candidate_rolls_back_with_reasons(chain):
-    folder, result = chain
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    """baseline -> INT4 g64 round-to-nearest weights: a bad candidate."""
+    return run_spec(tmp_path_factory, "bad", [
+        {"name": "w4", "kind": "weights",
+         "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64-dequant")},
+    ])
+
+
+def failed(verdict, stage: str) -> set[str]:
+    checks = next(s for s in verdict["stages"] if s["stage"] == stage)["checks"]
+    return {c["rule"] for c in checks if not c["passed"]}
+
+
+def test_w8a8_chain_goes(chain):
+    _, result, verdict, _ = chain
+    assert verdict["decision"] == "go", verdict["reasons"]
+    assert result.returncode == 0 and "GO" in result.stdout
+    assert verdict["accepted_stage"] == "a8"
+    assert f"--model {MODELS / 'smollm2-135m-w8a8'}" in verdict["rollback_command"]
+
+
+def test_int4_rtn_candidate_rolls_back_on_quality(bad):
+    _, result, verdict, _ = bad
     assert result.returncode == 1, result.stderr[-2000:]
-    verdict_path = next((folder / "runs").glob("e2e-*/verdict.json"))
-    verdict = json.loads(verdict_path.read_text())
-    assert verdict["decision"] == "rollback"
-    w4 = next(s for s in verdict["stages"] if s["stage"] == "w4")
-    failed = {c["rule"] for c in w4["checks"] if not c["passed"]}
-    assert "perplexity.parent" in failed, w4
-    assert verdict["accepted_stage"] in ("baseline", "w8")
-    accepted = "smollm2-135m-bf16" if verdict["accepted_stage"] == "baseline" else "smollm2-135m-w8a16"
-    assert f"--model {MODELS / accepted}" in verdict["rollback_command"]
-    assert "VLLM_TARGET_DEVICE=cpu" in verdict["rollback_command"]
-    assert "ROLLBACK" in result.stdout
+    assert verdict["decision"] == "rollback" and "ROLLBACK" in result.stdout
+    assert {"perplexity.parent", "servable"} <= failed(verdict, "w4")
+    assert verdict["accepted_stage"] == "baseline"
+    command = verdict["rollback_command"]
+    assert f"--model {MODELS / 'smollm2-135m-bf16'}" in command and "VLLM_TARGET_DEVICE=cpu" in command
 
 
-def test_engine_facts_and_measurements_are_real(chain):
-    folder, _ = chain
-    stage_dir = next((folder / "runs").glob("e2e-*"))
-    records = {name: json.loads((stage_dir / name / "stage.json").read_text())
-               for name in ("baseline", "w8", "w4")}
-    base, w8, w4 = records["baseline"], records["w8"], records["w4"]
+def test_engine_facts_and_measurements_are_real(chain, bad):
+    _, _, _, records = chain
+    base, w8, a8 = records["baseline"], records["w8"], records["a8"]
+    w4 = bad[3]["w4"]
     assert base["facts"]["kv_cache_tokens"] > 10_000
     assert base["facts"]["weight_bytes"] > 200e6
-    assert w8["facts"]["weight_bytes"] < 0.75 * base["facts"]["weight_bytes"]
-    assert w4["facts"]["weight_bytes"] < w8["facts"]["weight_bytes"]
-    assert w8["axes"]["weights"] == "int8/channel" and w4["axes"]["weights"] == "int4/group64"
+    assert a8["facts"]["weight_bytes"] < 0.75 * base["facts"]["weight_bytes"]
+    assert w8["axes"]["weights"] == "int8/channel" and w8["emulated"]
+    assert a8["axes"]["activations"] == "int8/token/dynamic" and not a8["emulated"]
     items = base["quality"]["tasks"]["math"]["items"]
     assert len(items) == 30 and all(i["output_tokens"] for i in items)
     assert 1 < base["quality"]["perplexity"] < w4["quality"]["perplexity"]
+    assert w4["quality"]["perplexity"] > 1.1 * base["quality"]["perplexity"]
     for level in ("low", "high"):
         summary = base["load"]["summaries"][level]
         assert summary["requests"] > 0 and summary["errors"] == 0
@@ -110,20 +131,20 @@ def test_engine_facts_and_measurements_are_real(chain):
 
 
 def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(chain):
-    folder, _ = chain
+    folder = chain[0]
     runs = mlflow_runs(folder)
     parent = runs[runs["tags.mlflow.parentRunId"].isna()]
     assert len(parent) == 1
-    assert parent.iloc[0]["tags.verdict"] == "rollback"
+    assert parent.iloc[0]["tags.verdict"] == "go"
     assert parent.iloc[0]["status"] == "FINISHED"
     nested = runs[runs["tags.mlflow.parentRunId"] == parent.iloc[0]["run_id"]]
-    assert sorted(nested["tags.stage"]) == ["baseline", "w4", "w8"]
-    for column in ("metrics.engine.kv_cache_tokens", "metrics.quality.math.accuracy",
+    assert sorted(nested["tags.stage"]) == ["a8", "baseline", "w8"]
+    for column in ("metrics.engine.kv_cache_tokens", "metrics.quality.math.exact_match",
                    "metrics.quality.perplexity", "metrics.load.high.ttft_p50_ms",
                    "metrics.load.low.tpot_p50_ms", "metrics.load.high.output_tokens_per_s"):
         assert nested[column].notna().all(), column
-    w4 = nested[nested["tags.stage"] == "w4"].iloc[0]
-    assert w4["params.axis.weights"] == "int4/group64" and w4["tags.verdict"] == "fail"
+    a8 = nested[nested["tags.stage"] == "a8"].iloc[0]
+    assert a8["params.axis.activations"] == "int8/token/dynamic" and a8["tags.verdict"] == "pass"
 
 
 def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
@@ -131,8 +152,8 @@ def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        spec = write_spec(tmp_path, [{"name": "kv", "kind": "kv_cache",
-                                      "engine_flags": {"kv_cache_dtype": "fp8"}}], port)
+        spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights",
+                                      "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")}], port)
         result = quantgate("run", str(spec), cwd=tmp_path)
     assert result.returncode == 2
     assert f"error: port {port} on 127.0.0.1 is already in use" in result.stderr
@@ -142,8 +163,8 @@ def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
 
 
 def test_engine_that_dies_at_start_up_shows_its_log(tmp_path):
-    spec = write_spec(tmp_path, [{"name": "kv", "kind": "kv_cache",
-                                  "engine_flags": {"kv_cache_dtype": "fp8"}}], free_port(),
+    w8 = {"name": "w8", "kind": "weights", "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")}
+    spec = write_spec(tmp_path, [w8], free_port(),
                       extra_args=["--no-such-flag"])
     result = quantgate("run", str(spec), cwd=tmp_path)
     assert result.returncode == 2

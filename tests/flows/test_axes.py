@@ -4,7 +4,7 @@ import pytest
 
 from flows.axes import derive_axes
 from infra.errors import SpecError
-from tests.flows.checkpoints import W4A16, W8A8, W8A16
+from tests.flows.checkpoints import W4A16, W8A8, W8A16, emulated
 
 
 def config(qc=None):
@@ -54,3 +54,14 @@ def test_gptq_config_gives_bits_and_group():
 def test_bad_axes_name_the_value(qc, flags, needle):
     with pytest.raises(SpecError, match=needle):
         derive_axes(config(qc), flags)
+
+
+def test_dequantized_checkpoint_reports_the_emulated_format():
+    axes = derive_axes({"model_type": "llama", "quantgate_emulated": emulated("w4", W4A16)}, {})
+    assert (axes.weights, axes.activations, axes.emulated) == ("int4/group64", "none", True)
+    assert derive_axes(config(W4A16), {}).emulated is False
+
+
+def test_activation_quantization_cannot_be_emulated():
+    with pytest.raises(SpecError, match="cannot emulate activation quantization"):
+        derive_axes({"model_type": "llama", "quantgate_emulated": emulated("w8a8", W8A8)}, {})

@@ -120,7 +120,7 @@ def test_missing_or_non_model_checkpoint(tmp_path):
         plan(load_spec(path))
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "demo-w4a16.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "demo-avx2.yaml", "demo-w4a16.yaml", "demo-w4a16-avx2.yaml"])
 def test_bundled_demo_specs_parse(name):
     spec = load_spec(REPO / "flows" / "specs" / name)
     assert spec.stages[0].kind == "weights"

@@ -109,3 +109,25 @@ def test_default_policy_file_loads_and_bad_policy_is_named(tmp_path):
         load_policy(str(bad))
     with pytest.raises(SpecError, match="not found"):
         load_policy("strict")
+
+
+def test_emulated_stage_is_not_latency_gated_nor_a_rollback_target():
+    stages = [
+        record("baseline", None, BASE_SCORES),
+        record("w", "baseline", BASE_SCORES, tpot=60.0),
+        record("a", "w", BASE_SCORES, kind="activations", perplexity=13.0),
+    ]
+    stages[1].emulated = True
+    verdict = decide("c", stages, POLICY)
+    w = next(s for s in verdict.stages if s.stage == "w")
+    assert w.passed and any(not c.applicable for c in w.checks)
+    assert verdict.decision == "rollback"
+    assert verdict.accepted_stage == "baseline", "an emulated stage was never really served"
+
+
+def test_emulated_candidate_stage_cannot_go():
+    stage = record("w", "baseline", BASE_SCORES)
+    stage.emulated = True
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), stage], POLICY)
+    assert verdict.decision == "rollback"
+    assert failed_rules(verdict, "w") == ["servable"]

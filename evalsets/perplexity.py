@@ -1,0 +1,148 @@
+"""Token perplexity of the local corpus from the server's prompt logprobs (echo=true).
+
+Per position it keeps the scored token's logprob and the server's top alternatives, written to
+`perplexity_logprobs.json`, so later stages can be compared to the baseline by KL divergence or
+top-1 agreement without re-running the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, Field
+
+from infra.errors import MeasurementError
+
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
+LOGPROBS_FILE = "perplexity_logprobs.json"
+RESULT_FILE = "perplexity.json"
+TOP_LOGPROBS = 5
+
+
+class TextPerplexity(BaseModel):
+    """Perplexity of one corpus text."""
+
+    name: str
+    tokens: int = Field(description="Scored tokens (the first prompt token has no logprob).")
+    sum_logprob: float = Field(description="Sum of natural-log probabilities of the scored tokens.")
+    perplexity: float
+
+
+class PerplexityResult(BaseModel):
+    """Perplexity over the whole corpus, token-weighted, plus the per-text figures."""
+
+    texts: list[TextPerplexity]
+    tokens: int
+    sum_logprob: float
+    perplexity: float = Field(description="exp(-sum_logprob / tokens) over all texts together.")
+    logprobs_file: str | None = Field(default=None, description="Per-position logprobs, top-k.")
+
+
+class TokenLogprobs(BaseModel):
+    """What the server said about every scored position of one text."""
+
+    tokens: list[str]
+    logprobs: list[float]
+    top: list[dict[str, float]] = Field(description="Top alternatives per position.")
+
+
+def parse_echo_logprobs(payload: dict) -> TokenLogprobs:
+    """Scored prompt positions of an echo=true, max_tokens=1 completion.
+
+    Drops the first prompt token (no logprob: nothing precedes it) and the one generated token
+    (it is not part of the text), which `usage.prompt_tokens` locates.
+    """
+    try:
+        choice = payload["choices"][0]["logprobs"]
+        tokens, logprobs = choice["tokens"], choice["token_logprobs"]
+        top = choice.get("top_logprobs") or [None] * len(tokens)
+        prompt_tokens = payload.get("usage", {}).get("prompt_tokens") or len(tokens) - 1
+    except (KeyError, IndexError, TypeError) as exc:
+        raise MeasurementError(f"completion has no prompt logprobs (echo=true): {exc!r}") from exc
+    scored = range(1, min(prompt_tokens, len(tokens)))
+    missing = [i for i in scored if logprobs[i] is None]
+    if missing:
+        raise MeasurementError(f"server gave no logprob for prompt positions {missing[:5]}")
+    return TokenLogprobs(
+        tokens=[tokens[i] for i in scored],
+        logprobs=[float(logprobs[i]) for i in scored],
+        top=[dict(top[i] or {}) for i in scored],
+    )
+
+
+def summarize(per_text: dict[str, TokenLogprobs]) -> PerplexityResult:
+    """Per-text and overall perplexity; overall is token-weighted (one long text counts more)."""
+    texts = []
+    for name, positions in per_text.items():
+        count, total = len(positions.logprobs), sum(positions.logprobs)
+        if count == 0:
+            raise MeasurementError(f"corpus text {name!r} has no scored tokens")
+        texts.append(
+            TextPerplexity(
+                name=name, tokens=count, sum_logprob=total, perplexity=math.exp(-total / count)
+            )
+        )
+    tokens = sum(text.tokens for text in texts)
+    total = sum(text.sum_logprob for text in texts)
+    if tokens == 0:
+        raise MeasurementError("perplexity corpus is empty")
+    return PerplexityResult(
+        texts=texts, tokens=tokens, sum_logprob=total, perplexity=math.exp(-total / tokens)
+    )
+
+
+def measure_perplexity(
+    base_url: str,
+    model: str,
+    out_dir: Path,
+    corpus_dir: Path = CORPUS_DIR,
+    timeout_s: float = 300.0,
+) -> PerplexityResult:
+    """Score every `*.txt` in `corpus_dir` with the served model; write results into `out_dir`."""
+    files = sorted(corpus_dir.glob("*.txt"))
+    if not files:
+        raise MeasurementError(f"no *.txt corpus files in {corpus_dir}")
+    url = f"{base_url.rstrip('/')}/v1/completions"
+    per_text: dict[str, TokenLogprobs] = {}
+    with httpx.Client(timeout=timeout_s) as client:
+        for path in files:
+            body = {
+                "model": model,
+                "prompt": path.read_text(),
+                "echo": True,
+                "logprobs": TOP_LOGPROBS,
+                "max_tokens": 1,
+                "temperature": 0,
+                # vLLM: "token_id:N" keys, so distinct tokens that print alike never collide.
+                "return_tokens_as_token_ids": True,
+            }
+            try:
+                response = client.post(url, json=body)
+                response.raise_for_status()
+            except httpx.HTTPStatusError as exc:
+                raise MeasurementError(
+                    f"perplexity request for {path.name} failed: HTTP {exc.response.status_code} "
+                    f"{exc.response.text[:200]}"
+                ) from exc
+            except httpx.HTTPError as exc:
+                raise MeasurementError(f"perplexity request to {url} failed: {exc!r}") from exc
+            per_text[path.stem] = parse_echo_logprobs(response.json())
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logprobs_path = out_dir / LOGPROBS_FILE
+    logprobs_path.write_text(
+        json.dumps(
+            {
+                "model": model,
+                "top_logprobs": TOP_LOGPROBS,
+                "texts": {name: p.model_dump() for name, p in per_text.items()},
+            }
+        )
+    )
+    result = summarize(per_text)
+    result.logprobs_file = str(logprobs_path)
+    (out_dir / RESULT_FILE).write_text(result.model_dump_json(indent=1))
+    return result

@@ -1,0 +1,294 @@
+"""Quality measurement: run the eval sets with lm-eval against an OpenAI-compatible server.
+
+One lm-eval run per eval set (each set has its own item limit), then lm-eval's per-sample log
+is turned into `QualityItem` rows paired across stages by the item's own `id`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+
+from evalsets.perplexity import measure_perplexity
+from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.spec import EvalSetSpec
+from infra.errors import MeasurementError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "lm-eval is missing: pip install 'lm-eval[api]'"
+RESULTS_FILE = "lm_eval_results.json"
+SAMPLES_FILE = "lm_eval_samples.jsonl"
+
+
+def prompt_hash(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
+
+
+def load_task_config(spec: EvalSetSpec) -> dict[str, Any]:
+    """The set's task.yaml as an lm-eval config dict, data paths absolute, overrides applied."""
+    try:
+        from lm_eval.tasks._yaml_loader import load_yaml  # resolves `!function` next to the yaml
+    except ImportError as exc:
+        raise MeasurementError(INSTALL_HINT) from exc
+    info = spec.info
+    config = load_yaml(info.task_yaml, resolve_func=True)
+    data_files = config.get("dataset_kwargs", {}).get("data_files")
+    if isinstance(data_files, dict):
+        config["dataset_kwargs"]["data_files"] = {
+            split: str((info.folder / path).resolve()) for split, path in data_files.items()
+        }
+    elif isinstance(data_files, str):
+        config["dataset_kwargs"]["data_files"] = str((info.folder / data_files).resolve())
+    if spec.max_gen_toks is not None:
+        config.setdefault("generation_kwargs", {})["max_gen_toks"] = spec.max_gen_toks
+    return config
+
+
+def primary_metric(config: dict[str, Any]) -> str:
+    metadata = config.get("metadata") or {}
+    if "primary_metric" in metadata:
+        return metadata["primary_metric"]
+    return config["metric_list"][0]["metric"]
+
+
+def _response(sample: dict[str, Any]) -> str:
+    filtered = sample.get("filtered_resps") or sample.get("resps") or [""]
+    first = filtered[0]
+    while isinstance(first, list | tuple):  # raw resps are nested one level deeper
+        first = first[0] if first else ""
+    return str(first)
+
+
+def _prompt(sample: dict[str, Any]) -> str:
+    arguments = sample.get("arguments")
+    # In memory [(context, gen_kwargs), ...]; in lm-eval's files {"gen_args_0": {"arg_0": ..}}.
+    if isinstance(arguments, dict):
+        return str(next(iter(arguments.values()))["arg_0"])
+    return str(arguments[0][0])
+
+
+class ServerFinish(NamedTuple):
+    """What the server said about one generation (lm-eval itself keeps only the text)."""
+
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+def samples_to_items(
+    samples: Iterable[dict[str, Any]],
+    metric: str,
+    max_gen_toks: int,
+    count_tokens: Callable[[str], int] | None = None,
+    server_finish: dict[str, ServerFinish] | None = None,
+) -> list[QualityItem]:
+    """lm-eval's logged samples as QualityItems, in doc order; ids must be present and unique.
+
+    Output tokens and finish reason come from the server when it reported them for that exact
+    response text; otherwise tokens are counted with `count_tokens` and a response that used the
+    whole budget counts as cut off ('length').
+    """
+    items = []
+    for sample in sorted(samples, key=lambda s: s["doc_id"]):
+        doc = sample["doc"]
+        if "id" not in doc:
+            raise MeasurementError(
+                f"eval item {sample['doc_id']} has no 'id' field (items pair across stages by id)"
+            )
+        if metric not in sample:
+            raise MeasurementError(
+                f"sample has no metric {metric!r} (has: {sorted(sample.get('metrics', []))})"
+            )
+        response = _response(sample)
+        reported = (server_finish or {}).get(response, ServerFinish(None, None))
+        tokens = reported.completion_tokens
+        if tokens is None and count_tokens is not None:
+            tokens = count_tokens(response)
+        finish = reported.finish_reason
+        if finish is None and tokens is not None:
+            finish = "length" if tokens >= max_gen_toks else "stop"
+        items.append(
+            QualityItem(
+                id=str(doc["id"]),
+                prompt_hash=prompt_hash(_prompt(sample)),
+                response=response,
+                score=float(sample[metric]),
+                output_tokens=tokens,
+                finish_reason=finish,
+            )
+        )
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        raise MeasurementError(f"eval item ids are not unique: {duplicated[:5]}")
+    return items
+
+
+def token_counter(tokenizer_dir: Path) -> Callable[[str], int]:
+    """Counts tokens of a response with the model's own tokenizer, from local files only."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise MeasurementError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_server(base_url: str, model: str) -> None:
+    """Fail fast, in one line, when the server is down or serves another model."""
+    url = f"{base_url.rstrip('/')}/v1/models"
+    try:
+        response = httpx.get(url, timeout=10)
+        response.raise_for_status()
+        served = [entry["id"] for entry in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise MeasurementError(f"quality: server at {url} is not answering: {exc!r}") from exc
+    if model not in served:
+        raise MeasurementError(
+            f"quality: model {model!r} is not served at {base_url} (serves: {served})"
+        )
+
+
+def recording_model(apply_chat_template: bool, **model_args: Any) -> Any:
+    """lm-eval's local (chat-)completions model that also keeps each response's finish reason
+    and completion tokens from the server, keyed by the response text (`.server_finish`)."""
+    from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
+
+    base = LocalChatCompletion if apply_chat_template else LocalCompletionsAPI
+
+    class Recording(base):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.server_finish: dict[str, ServerFinish] = {}
+
+        def parse_generations(self, outputs: dict | list[dict], **kwargs: Any) -> list[str]:
+            texts = super().parse_generations(outputs, **kwargs)
+            choices, usages = [], []
+            for out in outputs if isinstance(outputs, list) else [outputs]:
+                out_choices = sorted(out.get("choices", []), key=lambda c: c.get("index", 0))
+                tokens = (out.get("usage") or {}).get("completion_tokens")
+                choices += out_choices
+                # usage is per request: it is one response's count only when there is one choice
+                usages += [tokens if len(out_choices) == 1 else None] * len(out_choices)
+            for text, choice, tokens in zip(texts, choices, usages, strict=False):
+                if text is not None:
+                    self.server_finish[text] = ServerFinish(choice.get("finish_reason"), tokens)
+            return texts
+
+    return Recording(**model_args)
+
+
+def _save_raw(results: dict[str, Any], folder: Path) -> None:
+    from lm_eval.utils import handle_non_serializable
+
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = results.get("samples", {})
+    summary = {key: value for key, value in results.items() if key != "samples"}
+    (folder / RESULTS_FILE).write_text(
+        json.dumps(summary, indent=1, default=handle_non_serializable)
+    )
+    with (folder / SAMPLES_FILE).open("w") as out:
+        for task_samples in samples.values():
+            for sample in task_samples:
+                out.write(json.dumps(sample, default=handle_non_serializable) + "\n")
+
+
+def run_evalset(
+    base_url: str,
+    model: str,
+    spec: EvalSetSpec,
+    out_dir: Path,
+    count_tokens: Callable[[str], int] | None,
+    apply_chat_template: bool = True,
+    num_concurrent: int = 4,
+    timeout_s: int = 300,
+) -> TaskQuality:
+    """One eval set through lm-eval; raw results in `out_dir/<set>/`."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError as exc:
+        raise MeasurementError(INSTALL_HINT) from exc
+
+    config = load_task_config(spec)
+    metric = primary_metric(config)
+    max_gen_toks = int(config.get("generation_kwargs", {}).get("max_gen_toks", 256))
+    root = base_url.rstrip("/")
+    # Chat: the server applies the model's own chat template, so no tokenizer is needed here.
+    endpoint = "/v1/chat/completions" if apply_chat_template else "/v1/completions"
+    try:
+        lm = recording_model(
+            apply_chat_template,
+            model=model,
+            base_url=root + endpoint,
+            num_concurrent=num_concurrent,
+            max_retries=3,
+            timeout=timeout_s,
+            tokenizer_backend=None,
+            tokenized_requests=False,
+        )
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[copy.deepcopy(config)],
+            task_manager=TaskManager(include_defaults=False),
+            apply_chat_template=apply_chat_template,
+            limit=spec.limit,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+    except MeasurementError:
+        raise
+    except Exception as exc:  # lm-eval raises anything from HTTP errors to KeyErrors
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise MeasurementError(
+            f"quality: lm-eval task {spec.name!r} failed against {root}: "
+            f"{type(exc).__name__}: {message}"
+        ) from exc
+    if not results or config["task"] not in results.get("samples", {}):
+        raise MeasurementError(f"quality: lm-eval returned no samples for {spec.name!r}")
+
+    _save_raw(results, out_dir / spec.name)
+    items = samples_to_items(
+        results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish
+    )
+    if not items:
+        raise MeasurementError(f"quality: eval set {spec.name!r} produced no items")
+    return TaskQuality(
+        task=spec.name,
+        metric=metric,
+        value=sum(item.score for item in items) / len(items),
+        items=items,
+    )
+
+
+def run_quality(
+    base_url: str,
+    model: str,
+    sets: list[EvalSetSpec],
+    out_dir: Path,
+    tokenizer_dir: Path,
+    apply_chat_template: bool = True,
+    num_concurrent: int = 4,
+    with_perplexity: bool = True,
+) -> QualityResult:
+    """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`."""
+    check_server(base_url, model)
+    count_tokens = token_counter(tokenizer_dir)
+    result = QualityResult()
+    for spec in sets:
+        log.info("quality: running eval set %s (limit %s)", spec.name, spec.limit)
+        result.tasks[spec.name] = run_evalset(
+            base_url, model, spec, out_dir, count_tokens, apply_chat_template, num_concurrent
+        )
+    if with_perplexity:
+        result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
+    result.save(out_dir)
+    return result

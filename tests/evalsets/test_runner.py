@@ -1,0 +1,147 @@
+"""lm-eval's per-sample log becomes paired QualityItems; the task config is made runnable."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from evalsets.results import QualityResult, TaskQuality
+from evalsets.runner import (
+    ServerFinish,
+    check_server,
+    load_task_config,
+    primary_metric,
+    prompt_hash,
+    recording_model,
+    samples_to_items,
+)
+from evalsets.spec import EvalSetSpec
+from infra.errors import MeasurementError
+
+
+def _sample(doc_id: int, item_id: str, response: str, score: float, saved: bool = False) -> dict:
+    """The shape simple_evaluate(log_samples=True) returns for a generate_until task."""
+    context = f'[{{"role": "user", "content": "Question {doc_id}"}}]'
+    arguments = (
+        {"gen_args_0": {"arg_0": context, "arg_1": {"max_gen_toks": 8}}}
+        if saved
+        else [(context, {"max_gen_toks": 8})]
+    )
+    return {
+        "doc_id": doc_id,
+        "doc": {"id": item_id, "question": f"Question {doc_id}", "answer": "5"},
+        "target": "5",
+        "arguments": arguments,
+        "resps": [[response]],
+        "filtered_resps": [response],
+        "filter": "none",
+        "metrics": ["exact_match"],
+        "exact_match": score,
+    }
+
+
+def _word_count(text: str) -> int:
+    return len(text.split())
+
+
+def test_samples_become_items_in_doc_order():
+    samples = [
+        _sample(1, "math-0001", "one two three four five six seven eight", 0.0),
+        _sample(0, "math-0000", "The answer is 5", 1.0),
+    ]
+    items = samples_to_items(samples, "exact_match", max_gen_toks=8, count_tokens=_word_count)
+    assert [item.id for item in items] == ["math-0000", "math-0001"]
+    first, second = items
+    assert first.response == "The answer is 5"
+    assert first.score == 1.0
+    assert (first.output_tokens, first.finish_reason) == (4, "stop")
+    assert (second.output_tokens, second.finish_reason) == (8, "length")
+    assert first.prompt_hash == prompt_hash('[{"role": "user", "content": "Question 0"}]')
+    assert len(first.prompt_hash) == 16 and first.prompt_hash != second.prompt_hash
+
+
+def test_saved_sample_shape_gives_same_items():
+    live = samples_to_items([_sample(0, "a", "5", 1.0)], "exact_match", 8, _word_count)
+    saved = samples_to_items([_sample(0, "a", "5", 1.0, saved=True)], "exact_match", 8, _word_count)
+    assert live == saved
+
+
+def test_without_tokenizer_lengths_are_unknown():
+    (item,) = samples_to_items([_sample(0, "a", "5", 1.0)], "exact_match", 8)
+    assert item.output_tokens is None and item.finish_reason is None
+
+
+def test_items_need_unique_ids():
+    samples = [_sample(0, "same", "5", 1.0), _sample(1, "same", "4", 0.0)]
+    with pytest.raises(MeasurementError, match="not unique.*same"):
+        samples_to_items(samples, "exact_match", 8)
+    no_id = _sample(0, "x", "5", 1.0)
+    del no_id["doc"]["id"]
+    with pytest.raises(MeasurementError, match="no 'id'"):
+        samples_to_items([no_id], "exact_match", 8)
+
+
+def test_missing_metric_is_named():
+    with pytest.raises(MeasurementError, match="'acc'.*exact_match"):
+        samples_to_items([_sample(0, "a", "5", 1.0)], "acc", 8)
+
+
+def test_items_round_trip_through_quality_result(tmp_path):
+    items = samples_to_items([_sample(0, "a", "5", 1.0)], "exact_match", 8, _word_count)
+    result = QualityResult(tasks={"math": TaskQuality(task="math", metric="exact_match",
+                                                      value=1.0, items=items)})
+    result.save(tmp_path)
+    assert QualityResult.read(tmp_path) == result
+    row = json.loads((tmp_path / "samples_math.jsonl").read_text())
+    assert row["id"] == "a"
+
+
+def test_task_config_gets_absolute_data_and_overrides():
+    config = load_task_config(EvalSetSpec(name="math", max_gen_toks=32))
+    data = Path(config["dataset_kwargs"]["data_files"]["test"])
+    assert data.is_absolute() and data.is_file()
+    assert config["generation_kwargs"]["max_gen_toks"] == 32
+    assert callable(config["process_results"])
+    assert config["task"] == "qg_math"
+    assert primary_metric(config) == "exact_match"
+
+
+def test_task_config_default_budget():
+    config = load_task_config(EvalSetSpec(name="math"))
+    assert config["generation_kwargs"]["max_gen_toks"] == 96
+
+
+def test_unreachable_server_is_a_measurement_error():
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(MeasurementError, match=f"127.0.0.1:{port}.*not answering"):
+        check_server(f"http://127.0.0.1:{port}", "m")
+
+
+def test_server_reported_finish_wins_over_counting():
+    samples = [_sample(0, "a", "cut off mid-wo", 0.0), _sample(1, "b", "5", 1.0)]
+    reported = {"cut off mid-wo": ServerFinish("length", 8)}
+    first, second = samples_to_items(samples, "exact_match", 8, _word_count, reported)
+    assert (first.output_tokens, first.finish_reason) == (8, "length")
+    assert (second.output_tokens, second.finish_reason) == (1, "stop")  # not reported: counted
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_recording_model_keeps_finish_reason_and_tokens(chat):
+    lm = recording_model(chat, model="m", base_url="http://127.0.0.1:9/v1/x", tokenizer_backend=None)
+    def choice(index, text, finish):
+        body = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        return {"index": index, "finish_reason": finish, **body}
+    outputs = [
+        {"choices": [choice(0, "The answer is 5", "stop")], "usage": {"completion_tokens": 5}},
+        {"choices": [choice(0, "and so on and", "length")], "usage": {"completion_tokens": 96}},
+    ]
+    assert lm.parse_generations(outputs) == ["The answer is 5", "and so on and"]
+    assert lm.server_finish == {
+        "The answer is 5": ServerFinish("stop", 5),
+        "and so on and": ServerFinish("length", 96),
+    }
