@@ -18,6 +18,9 @@ class QualityItem(BaseModel):
     score: float = Field(description="The task's primary metric for this item (1.0 = correct).")
     output_tokens: int | None = Field(default=None, description="Tokens in the response.")
     finish_reason: str | None = Field(default=None, description="'stop' or 'length' when known.")
+    group: str | None = Field(
+        default=None, description="Sub-group for per-group curves, e.g. a long-context length bucket."
+    )
 
 
 class TaskQuality(BaseModel):
@@ -32,11 +35,24 @@ class TaskQuality(BaseModel):
         return pd.DataFrame([item.model_dump() for item in self.items])
 
 
+class Divergence(BaseModel):
+    """How far a stage's next-token distribution moved from the baseline's, on the same tokens."""
+
+    tokens: int = Field(description="Token positions compared.")
+    mean_kl: float = Field(description="Mean per-token KL(baseline || stage), nats.")
+    kl_ci_low: float | None = Field(default=None, description="95 % CI of mean_kl, low end.")
+    kl_ci_high: float | None = Field(default=None, description="95 % CI of mean_kl, high end.")
+    top1_agreement: float = Field(description="Share of positions with the same most likely token.")
+
+
 class QualityResult(BaseModel):
     """All quality results of one stage."""
 
     tasks: dict[str, TaskQuality] = Field(default_factory=dict)
     perplexity: float | None = Field(default=None, description="Token perplexity on the local corpus.")
+    divergence: Divergence | None = Field(
+        default=None, description="Against the baseline; None for the baseline itself."
+    )
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
