@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from gates.checks import Check, stage_checks
-from gates.policy import GatePolicy
+from gates.policy import GatePolicy, precision_class
 from gates.record import RunManifest, StageRecord
-from gates.verdict import StageVerdict, Verdict
+from gates.verdict import RollbackPlan, StageVerdict, Verdict
 
 
 def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:
@@ -26,6 +28,16 @@ def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:
                 reason=f"{summary.errors}/{summary.requests} requests failed",
             ))
     return checks
+
+
+def candidate_hash(record: StageRecord) -> str:
+    """Identifies what would ship: the served config fingerprint, axes and exact command line."""
+    served = {
+        "fingerprint": record.fingerprint, "axes": record.axes, "emulated": record.emulated,
+        "command": record.facts.command_line() if record.facts else None,
+        "version": record.facts.version if record.facts else None,
+    }
+    return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Verdict:
@@ -47,6 +59,7 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         verdicts[record.name] = StageVerdict(
             stage=record.name, kind=record.kind, parent=record.parent,
             passed=bool(checks) and all(c.passed for c in checks), checks=checks,
+            precision=precision_class(record.axes), axes=record.axes, emulated=record.emulated,
         )
 
     def chain_passed(name: str | None) -> bool:
@@ -66,13 +79,20 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
     ]
     if len(records) == 1:
         reasons.append("no candidate stage was measured")
+    advisories = [f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.advisories]
+    command = accepted.facts.command_line() if accepted and accepted.facts else None
     return Verdict(
         candidate=candidate,
         decision="go" if final_ok else "rollback",
         stages=list(verdicts.values()),
         accepted_stage=accepted.name if accepted else None,
-        rollback_command=accepted.facts.command_line() if accepted and accepted.facts else None,
+        rollback_command=command,
         reasons=reasons,
+        advisories=advisories,
+        rollback_plan=RollbackPlan(stage=accepted.name, command=command, axes=accepted.axes,
+                                   fingerprint=accepted.fingerprint) if accepted else None,
+        candidate_hash=candidate_hash(records[-1]),
+        policy=policy.model_dump(mode="json"),
     )
 
 

@@ -1,8 +1,11 @@
-"""Gate policy: tolerances per rule, from YAML into pydantic."""
+"""Gate policy: tolerances per rule and per stage kind (8-bit / 4-bit), from YAML into pydantic."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,15 +14,42 @@ from infra.yamlfile import load_model
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 
+Precision = Literal["8bit", "4bit"]
+_BITS = re.compile(r"(?:u?int|float|fp)(\d+)")
+
 
 class Rules(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Tolerance(Rules):
+    """What a stage of one precision class may cost, against the baseline."""
+
+    recovery: float = Field(gt=0, le=1, description="Accuracy recovery: stage / baseline accuracy.")
+    max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats.")
+    min_top1: float = Field(gt=0, le=1, description="Share of tokens with the same top-1 token.")
+
+
 class QualityRules(Rules):
-    max_accuracy_drop: float = Field(0.05, ge=0, le=1, description="Absolute, vs the parent.")
-    alpha: float = Field(0.05, gt=0, lt=1, description="One-sided exact McNemar level.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided CI level of every bound.")
+    alpha: float = Field(0.05, gt=0, lt=1, description="One-sided exact McNemar level (Holm).")
+    power: float = Field(0.80, gt=0.5, lt=1, description="Power assumed by the reported MDE.")
+    planning_discordance: float = Field(
+        0.10, gt=0, le=1, description="Share of items expected to flip, for the MDE when fewer flip."
+    )
     min_items: int = Field(20, ge=1, description="Fewer paired items fail closed.")
+    accuracy_required: bool = Field(
+        False, description="An inconclusive accuracy non-inferiority bound blocks the go."
+    )
+    long_context_required: bool = Field(
+        False, description="An inconclusive long-context bucket blocks the go."
+    )
+    bootstrap_resamples: int = Field(2000, ge=200, description="Paired bootstrap resamples.")
+    seed: int = Field(20240917, description="Bootstrap seed: the same records give the same verdict.")
+
+
+class DivergenceRules(Rules):
+    required: bool = Field(True, description="Missing or inconclusive KL / top-1 blocks the go.")
 
 
 class PerplexityRules(Rules):
@@ -31,6 +61,9 @@ class LatencyRules(Rules):
     level: str = Field("low", description="Which load level judges latency.")
     max_tpot_p50_increase: float = Field(0.25, ge=0, description="Relative, vs the parent.")
     max_ttft_p50_increase: float = Field(0.50, ge=0, description="Relative, vs the parent.")
+    required: bool = Field(
+        False, description="A regression that the measured noise cannot resolve blocks the go."
+    )
 
 
 class LoadRules(Rules):
@@ -38,15 +71,58 @@ class LoadRules(Rules):
 
 
 class LengthRules(Rules):
-    max_abs_mean_log_ratio: float = Field(0.10, ge=0, description="Paired, vs the parent.")
+    max_change: float = Field(
+        0.10, gt=0, lt=1, description="CI of the paired mean length ratio stays within 1 ± this."
+    )
+    required: bool = Field(True, description="An inconclusive length CI blocks the go.")
+    max_length_finish_increase: float = Field(
+        0.05, ge=0, le=1, description="Rise in the share of responses cut off (finish=length)."
+    )
+    finish_required: bool = Field(False, description="An inconclusive finish=length rise blocks.")
+
+    @property
+    def log_bounds(self) -> tuple[float, float]:
+        return math.log(1 - self.max_change), math.log(1 + self.max_change)
+
+
+def _default_tolerances() -> dict[str, Tolerance]:
+    return {
+        "8bit": Tolerance(recovery=0.99, max_kl=0.03, min_top1=0.95),
+        "4bit": Tolerance(recovery=0.97, max_kl=0.10, min_top1=0.90),
+    }
 
 
 class GatePolicy(Rules):
+    tolerances: dict[Precision, Tolerance] = Field(default_factory=_default_tolerances)
     quality: QualityRules = Field(default_factory=QualityRules)
+    divergence: DivergenceRules = Field(default_factory=DivergenceRules)
     perplexity: PerplexityRules = Field(default_factory=PerplexityRules)
     latency: LatencyRules = Field(default_factory=LatencyRules)
     load: LoadRules = Field(default_factory=LoadRules)
     length: LengthRules = Field(default_factory=LengthRules)
+
+    def tolerance(self, precision: Precision) -> Tolerance:
+        if precision not in self.tolerances:
+            raise SpecError(
+                f"gate policy has no tolerances for {precision!r} stages; "
+                f"it has: {', '.join(self.tolerances) or 'none'}"
+            )
+        return self.tolerances[precision]
+
+
+def axis_bits(value: str) -> int | None:
+    """'int4/group64' -> 4, 'fp8_e4m3' -> 8, 'none' / 'auto' -> None."""
+    widths = [int(bits) for bits in _BITS.findall(value)]
+    return min(widths) if widths else None
+
+
+def precision_class(axes: dict[str, str]) -> Precision:
+    """A stage is held to the tolerance of its narrowest quantized axis (cumulative config).
+
+    An unquantized stage (the baseline, an A/A replica) gets the strict 8-bit tolerance.
+    """
+    widths = [bits for bits in (axis_bits(v) for v in axes.values()) if bits is not None]
+    return "4bit" if widths and min(widths) <= 4 else "8bit"
 
 
 def load_policy(name_or_path: str, base_dir: Path | None = None) -> GatePolicy:

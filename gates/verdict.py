@@ -5,18 +5,37 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-SCHEMA_VERSION = "1"
+# 2: checks carry status / required / details; the verdict carries the rollback plan, the
+# candidate hash, the advisories and the policy it was judged by.
+SCHEMA_VERSION = "2"
+
+Status = Literal["pass", "fail", "inconclusive", "n/a"]
 
 
 class Check(BaseModel):
-    rule: str = Field(description="e.g. 'quality.math', 'latency.tpot_p50'.")
-    passed: bool
+    rule: str = Field(description="e.g. 'quality.math', 'latency.low.tpot_p50_ms'.")
+    passed: bool = Field(description="False: this check blocks the go (a rollback).")
     reason: str = Field(description="Why it passed or failed, with the numbers.")
     value: float | None = None
     limit: float | None = None
     applicable: bool = Field(default=True, description="False: shown, but not part of the decision.")
+    status: Status | None = Field(
+        default=None,
+        description="pass / fail / inconclusive (the data cannot bound the tolerance) / n/a. An "
+        "inconclusive check blocks (passed=False) when its rule is required by the policy.",
+    )
+    required: bool = Field(default=True, description="Whether 'inconclusive' blocks the go.")
+    details: dict[str, float | int | str | None] = Field(
+        default_factory=dict, description="The statistics behind the check (CI, n, p, MDE...)."
+    )
+
+    @model_validator(mode="after")
+    def _default_status(self) -> Check:
+        if self.status is None:
+            self.status = "n/a" if not self.applicable else ("pass" if self.passed else "fail")
+        return self
 
 
 class StageVerdict(BaseModel):
@@ -25,10 +44,27 @@ class StageVerdict(BaseModel):
     parent: str | None
     passed: bool
     checks: list[Check]
+    precision: str | None = Field(default=None, description="'8bit' or '4bit' tolerance class.")
+    axes: dict[str, str] = Field(default_factory=dict)
+    emulated: bool = False
 
     @property
     def failures(self) -> list[Check]:
         return [check for check in self.checks if not check.passed]
+
+    @property
+    def advisories(self) -> list[Check]:
+        """Not blocking, but not established either: shown next to every go."""
+        return [c for c in self.checks if c.passed and c.status == "inconclusive"]
+
+
+class RollbackPlan(BaseModel):
+    """What to serve if the candidate is refused: the last configuration whose chain passed."""
+
+    stage: str
+    command: str | None = Field(description="The exact engine command line, ready to paste.")
+    axes: dict[str, str] = Field(default_factory=dict)
+    fingerprint: str | None = None
 
 
 class Verdict(BaseModel):
@@ -39,6 +75,15 @@ class Verdict(BaseModel):
     accepted_stage: str | None = Field(description="Deepest stage whose whole chain passed.")
     rollback_command: str | None = Field(description="Engine command of the accepted stage.")
     reasons: list[str] = Field(default_factory=list, description="Every failed check, one line each.")
+    advisories: list[str] = Field(
+        default_factory=list,
+        description="Inconclusive checks of non-required rules: what the go does NOT establish.",
+    )
+    rollback_plan: RollbackPlan | None = None
+    candidate_hash: str | None = Field(
+        default=None, description="sha256 (16 hex) of the final stage's served config and command."
+    )
+    policy: dict = Field(default_factory=dict, description="The gate policy this was judged by.")
 
     @property
     def exit_code(self) -> int:

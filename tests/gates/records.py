@@ -1,11 +1,15 @@
-"""Synthetic stage records for gate tests: scores, lengths and latencies we control."""
+"""Synthetic stage records for gate tests: scores, lengths, latencies and divergence we control."""
 
 from __future__ import annotations
 
-from evalsets.results import QualityItem, QualityResult, TaskQuality
+import numpy as np
+
+from evalsets.results import Divergence, QualityItem, QualityResult, TaskQuality
 from gates.record import StageRecord
 from infra.engine import EngineFacts
-from load.results import LoadResult, LoadSummary
+from load.results import LoadResult, LoadSample, LoadSummary
+
+UNQUANTIZED = {"weights": "none", "activations": "none", "kv_cache": "auto"}
 
 
 def summary(level: str, tpot: float = 25.0, ttft: float = 80.0, errors: int = 0) -> LoadSummary:
@@ -14,6 +18,18 @@ def summary(level: str, tpot: float = 25.0, ttft: float = 80.0, errors: int = 0)
         error_rate=errors / 100, duration_s=30, requests_per_s=3.3, output_tokens_per_s=200,
         ttft_p50_ms=ttft, tpot_p50_ms=tpot,
     )
+
+
+def samples(tpot: float, ttft: float, n: int = 60, seed: int = 0) -> list[LoadSample]:
+    """Requests with lognormal noise (~10 %) around the given medians."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        first = ttft * float(rng.lognormal(0, 0.1))
+        per_token = tpot * float(rng.lognormal(0, 0.1))
+        out.append(LoadSample(start_s=1000.0 + i, ttft_ms=first, e2e_ms=first + 31 * per_token,
+                              output_tokens=32, itl_ms=[per_token] * 31))
+    return out
 
 
 def record(
@@ -25,21 +41,77 @@ def record(
     tpot: float = 25.0,
     errors: int = 0,
     kind: str = "weights",
+    axes: dict[str, str] | None = None,
+    kl: float | None = 0.002,
+    top1: float = 0.99,
+    groups: list[str] | None = None,
+    finish: list[str] | None = None,
+    raw_samples: bool = False,
+    ttft: float = 80.0,
 ) -> StageRecord:
+    """A stage with one set 'math'; a non-baseline stage gets a divergence unless kl is None."""
     lengths = lengths or [40] * len(scores)
     items = [
-        QualityItem(id=str(i), prompt_hash="h", response="r", score=s, output_tokens=n)
+        QualityItem(id=str(i), prompt_hash="h", response=f"{name} answer {i}", score=s,
+                    output_tokens=n, group=groups[i] if groups else None,
+                    finish_reason=finish[i] if finish else "stop")
         for i, (s, n) in enumerate(zip(scores, lengths, strict=True))
     ]
+    divergence = None
+    if parent is not None and kl is not None:
+        divergence = Divergence(tokens=4000, mean_kl=kl, kl_ci_low=kl * 0.9, kl_ci_high=kl * 1.1,
+                                top1_agreement=top1)
     quality = QualityResult(
         tasks={"math": TaskQuality(task="math", metric="accuracy", value=sum(scores) / len(scores),
                                    items=items)},
-        perplexity=perplexity,
+        perplexity=perplexity, divergence=divergence,
     )
-    load = LoadResult(summaries={lvl: summary(lvl, tpot, errors=errors) for lvl in ("low", "high")})
-    facts = EngineFacts(base_url="http://x", model=name, command=["vllm", "--model", name])
+    load = LoadResult(
+        summaries={lvl: summary(lvl, tpot, ttft, errors=errors) for lvl in ("low", "high")},
+        samples={lvl: samples(tpot * (1.3 if lvl == "high" else 1), ttft, seed=hash(name) % 1000)
+                 for lvl in ("low", "high")} if raw_samples else {},
+    )
+    facts = EngineFacts(base_url="http://x", model=name, command=["vllm", "--model", name],
+                        kv_cache_tokens=100_000, weight_bytes=270_000_000)
     return StageRecord(
         name=name, kind="baseline" if parent is None else kind, parent=parent,
-        axes={"weights": "none", "activations": "none", "kv_cache": "auto"},
-        facts=facts, quality=quality, load=load,
+        axes=axes or dict(UNQUANTIZED), facts=facts, quality=quality, load=load,
+        fingerprint=f"fp-{name}",
     )
+
+
+def chain(n: int = 120) -> list[StageRecord]:
+    """A realistic 3-stage chain: baseline -> int8 weights (emulated) -> W8A8, with long-context
+    buckets, finish reasons, raw latency samples, a few balanced flips and small length changes."""
+    rng = np.random.default_rng(7)
+    base = [float(x) for x in rng.random(n) < 0.35]
+    groups = [("1k", "2k", "4k", "8k")[i % 4] for i in range(n)]
+    lengths = [int(x) for x in rng.integers(20, 90, n)]
+
+    def flip(scores: list[float], down: list[int], up: list[int]) -> list[float]:
+        out = list(scores)
+        for i in down:
+            out[i] = 0.0
+        for i in up:
+            out[i] = 1.0
+        return out
+
+    correct = [i for i, s in enumerate(base) if s]
+    wrong = [i for i, s in enumerate(base) if not s]
+    w8_scores = flip(base, correct[:2], wrong[:2])
+    a8_scores = flip(w8_scores, correct[2:4], wrong[2:3])
+    jitter = [max(1, n_ + int(rng.integers(-2, 3))) for n_ in lengths]
+    finish = ["length" if n_ >= 88 else "stop" for n_ in lengths]
+    common = {"groups": groups, "raw_samples": True}
+    stages = [
+        record("baseline", None, base, lengths, finish=finish, **common),
+        record("w8", "baseline", w8_scores, jitter, perplexity=10.1, kl=0.004, top1=0.985,
+               axes=UNQUANTIZED | {"weights": "int8/channel"}, finish=finish, **common),
+        record("a8", "w8", a8_scores, jitter, perplexity=10.2, kl=0.009, top1=0.975, tpot=21.0,
+               kind="activations", finish=finish,
+               axes=UNQUANTIZED | {"weights": "int8/channel", "activations": "int8/token/dynamic"},
+               **common),
+    ]
+    stages[1].emulated = True
+    stages[2].facts.weight_bytes = 150_000_000
+    return stages

@@ -98,14 +98,14 @@ def test_verdict_round_trips_from_stored_records(tmp_path):
     again = decide(candidate, loaded, POLICY)
     assert again == decide("c", stages, POLICY)
     path = again.save(tmp_path / "verdict.json")
-    assert '"schema_version": "1"' in path.read_text()
+    assert '"schema_version": "2"' in path.read_text()
 
 
 def test_default_policy_file_loads_and_bad_policy_is_named(tmp_path):
     assert load_policy("default") == GatePolicy()
     bad = tmp_path / "p.yaml"
-    bad.write_text("quality: {max_accuracy_drop: 2}\n")
-    with pytest.raises(SpecError, match=r"field 'quality.max_accuracy_drop'"):
+    bad.write_text("quality: {confidence: 2}\n")
+    with pytest.raises(SpecError, match=r"field 'quality.confidence'"):
         load_policy(str(bad))
     with pytest.raises(SpecError, match="not found"):
         load_policy("strict")

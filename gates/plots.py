@@ -1,0 +1,137 @@
+"""The sign-off report's figures, drawn with matplotlib from the verdict and the stored records."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gates.checks import length_ratios, natural_order
+from gates.record import StageRecord
+from gates.verdict import Verdict
+
+STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700", "n/a": "#6e7781"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never a window, never a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def forest(verdict: Verdict, path: Path) -> Path | None:
+    """Paired accuracy difference vs the baseline per stage and set, with its CI and the margin."""
+    rows = [(f"{stage.stage} · {check.rule.split('.', 1)[1]}", check)
+            for stage in verdict.stages for check in stage.checks
+            if check.rule.startswith(("quality.", "long_context.")) and "ci_low" in check.details]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))
+    for y, (_, check) in enumerate(reversed(rows)):
+        d = check.details
+        est, low, high = (100 * float(d[k]) for k in ("difference", "ci_low", "ci_high"))
+        color = STATUS_COLORS[check.status or "n/a"]
+        ax.errorbar(est, y, xerr=[[est - low], [high - est]], fmt="o", color=color, capsize=4)
+        ax.plot([-100 * float(d["margin"])] * 2, [y - 0.35, y + 0.35], color="#cf222e", lw=2)
+    ax.axvline(0, color="#57606a", lw=1, ls="--")
+    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)])
+    ax.set_xlabel("accuracy difference vs baseline, points (95 % CI); red tick: -margin")
+    ax.set_title("Paired per-set deltas (colour = check status)")
+    return _save(fig, path)
+
+
+def long_context(records: list[StageRecord], path: Path) -> Path | None:
+    """Accuracy per long-context bucket, one line per stage and set."""
+    curves = []
+    for record in records:
+        for name, task in (record.quality.tasks.items() if record.quality else []):
+            groups = sorted({i.group for i in task.items if i.group}, key=natural_order)
+            if groups:
+                accuracy = [np.mean([i.score >= 0.5 for i in task.items if i.group == g])
+                            for g in groups]
+                curves.append((f"{record.name} · {name}", groups, accuracy))
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, groups, accuracy in curves:
+        ax.plot(groups, accuracy, marker="o", label=label)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("context-length bucket")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Long-context accuracy per bucket")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def latency_cdfs(records: list[StageRecord], path: Path) -> Path | None:
+    """Empirical CDFs of TTFT and TPOT at low and high load; emulated stages dashed."""
+    levels = ("low", "high")
+    if not any(r.load and any(r.load.samples.get(lv) for lv in levels) for r in records):
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    for row, (metric, label) in enumerate((("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"))):
+        for col, level in enumerate(levels):
+            ax = axes[row][col]
+            for record in records:
+                values = [getattr(s, metric) for s in (record.load.samples.get(level, [])
+                                                      if record.load else []) if not s.error]
+                values = np.sort([v for v in values if v is not None])
+                if len(values):
+                    # From 0 at the fastest request to 1 at the slowest.
+                    ax.step(np.r_[values[0], values], np.r_[0, np.arange(1, len(values) + 1)]
+                            / len(values), where="post",
+                            ls="--" if record.emulated else "-",
+                            label=record.name + (" (emulated)" if record.emulated else ""))
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title(f"{label}, {level} load")
+            ax.set_xlabel(label)
+            ax.set_ylabel("share of requests")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        axes[0][0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def length_histogram(records: list[StageRecord], max_change: float, path: Path) -> Path | None:
+    """Per-item output length ratio (stage / parent), all sets; the shaded band is the limit."""
+    by_name = {r.name: r for r in records}
+    series = []
+    for record in records:
+        if record.parent and record.parent in by_name and not record.error:
+            ratios = length_ratios(record, by_name[record.parent])
+            if ratios and any(len(r) for r in ratios.values()):
+                series.append((record.name, np.concatenate(list(ratios.values()))))
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    every = np.concatenate([r for _, r in series])
+    reach = max(0.3, float(np.max(np.abs(every))) + 0.05)
+    bins = np.linspace(-reach, reach, 41)
+    for name, ratios in series:
+        ax.hist(ratios, bins=bins, histtype="step", lw=2,
+                label=f"{name} vs parent (n={len(ratios)})")
+    ax.axvspan(math.log(1 - max_change), math.log(1 + max_change), color="#1a7f37", alpha=0.12,
+               label=f"±{max_change:.0%}")
+    ticks = [t for t in (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0) if abs(math.log(t)) <= reach]
+    ax.set_xticks([math.log(t) for t in ticks], [f"x{t:g}" for t in ticks])
+    ax.set_xlabel("output length ratio, stage / parent (log scale)")
+    ax.set_ylabel("items")
+    ax.set_title("Paired output-length ratios")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

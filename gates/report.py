@@ -1,0 +1,232 @@
+"""The sign-off report: HTML + Markdown (jinja2) with matplotlib figures, from a verdict and its records."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gates import plots
+from gates.policy import GatePolicy
+from gates.record import StageRecord
+from gates.verdict import Check, StageVerdict, Verdict
+
+TEMPLATES = Path(__file__).with_name("templates")
+MAX_FLIPS_SHOWN = 40
+
+
+def _check(stage: StageVerdict, rule: str) -> Check | None:
+    return next((c for c in stage.checks if c.rule == rule), None)
+
+
+def _cell(check: Check | None, text: str) -> dict[str, str]:
+    return {"text": text, "status": check.status if check else "n/a"}
+
+
+def _pts(x: Any) -> str:
+    return f"{100 * float(x):+.1f}"
+
+
+def _ratio(x: Any) -> str:
+    return f"x{float(x):.2f}" if x is not None else "-"
+
+
+def _headline(stage: StageVerdict, set_names: list[str]) -> dict[str, Any]:
+    """One row of the per-stage table: every gated figure with its CI and status."""
+    cells: dict[str, dict[str, str]] = {}
+    for name in set_names:
+        c = _check(stage, f"quality.{name}")
+        d = c.details if c else {}
+        text = (f"{_pts(d['difference'])} [{_pts(d['ci_low'])}, {_pts(d['ci_high'])}] pts; "
+                f"flips -{d['broke']}/+{d['fixed']}" if "ci_low" in d else (c.reason if c else "-"))
+        cells[f"quality.{name}"] = _cell(c, text)
+    c = _check(stage, "divergence.kl")
+    cells["kl"] = _cell(c, f"{c.details['mean_kl']:.4f} [{c.details['ci_low']:.4f}, "
+                           f"{c.details['ci_high']:.4f}]" if c else "-")
+    c = _check(stage, "divergence.top1")
+    cells["top1"] = _cell(c, f"{c.details['top1']:.1%} [{c.details['ci_low']:.1%}, "
+                             f"{c.details['ci_high']:.1%}]" if c else "-")
+    missing = _check(stage, "divergence")
+    if missing:
+        cells["kl"] = cells["top1"] = _cell(missing, "not measured")
+    c = _check(stage, "perplexity.baseline") or _check(stage, "perplexity.parent")
+    cells["perplexity"] = _cell(c, f"{c.details['perplexity']:.3f} ({c.value:+.1%})"
+                                if c and c.value is not None else "-")
+    c = _check(stage, "length")
+    cells["length"] = _cell(c, f"x{math.exp(c.details['mean_log_ratio']):.3f} "
+                               f"[x{math.exp(c.details['ci_low']):.3f}, "
+                               f"x{math.exp(c.details['ci_high']):.3f}]"
+                            if c and "ci_low" in c.details else (c.reason if c else "-"))
+    c = next((c for c in stage.checks if c.rule.endswith("tpot_p50_ms")), None)
+    if c and "ci_low" in c.details:
+        text = f"{c.details['increase']:+.1%} [{c.details['ci_low']:+.1%}, {c.details['ci_high']:+.1%}]"
+    elif c and c.value is not None:
+        text = f"{c.value:+.1%}"
+    else:
+        text = next((x.reason.split(":")[0] for x in stage.checks if x.rule.startswith("latency.")
+                     and not x.applicable), "-")
+    cells["tpot"] = _cell(c, text)
+    engine = _check(stage, "engine")
+    gains = engine.details if engine else {}
+    bought = [f"weights {_ratio(gains.get('weight_bytes_vs_baseline'))}",
+              f"KV tokens {_ratio(gains.get('kv_cache_tokens_vs_baseline'))}",
+              f"tokens/s at high load {_ratio(gains.get('high.output_tokens_per_s_vs_parent'))}"]
+    return {"stage": stage, "cells": cells, "bought": ", ".join(bought) if engine else "-"}
+
+
+def _prompts(set_name: str) -> dict[str, str]:
+    """Prompt text by item id from the eval set's own data (records keep only a prompt hash)."""
+    try:
+        from evalsets.spec import registry
+
+        info = registry().get(set_name)
+        data = info.folder / "data.jsonl" if info else None
+        if not data or not data.is_file():
+            return {}
+        prompts = {}
+        for line in data.read_text().splitlines():
+            row = json.loads(line)
+            text = next((row[k] for k in ("question", "prompt", "input", "text") if k in row), None)
+            if "id" in row and text is not None:
+                prompts[str(row["id"])] = str(text)
+        return prompts
+    except (OSError, ValueError):
+        return {}
+
+
+def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
+    """Per stage, the items whose score crossed 0.5 against the parent, with both responses."""
+    by_name = {r.name: r for r in records}
+    out = []
+    for record in records:
+        parent = by_name.get(record.parent or "")
+        if not parent or not record.quality or not parent.quality:
+            continue
+        rows = []
+        for name, parent_task in parent.quality.tasks.items():
+            task = record.quality.tasks.get(name)
+            if task is None:
+                continue
+            prompts = _prompts(name)
+            mine = {i.id: i for i in task.items}
+            for before in parent_task.items:
+                after = mine.get(before.id)
+                if after is None or (before.score >= 0.5) == (after.score >= 0.5):
+                    continue
+                rows.append({
+                    "set": name, "id": before.id, "group": before.group,
+                    "direction": "correct->wrong" if before.score >= 0.5 else "wrong->correct",
+                    "prompt": prompts.get(before.id, f"(prompt not stored; sha256 {before.prompt_hash})"),
+                    "parent_response": before.response, "stage_response": after.response,
+                })
+        rows.sort(key=lambda r: (r["direction"] != "correct->wrong", r["set"], r["id"]))
+        out.append({"stage": record.name, "parent": parent.name, "count": len(rows),
+                    "broke": sum(r["direction"] == "correct->wrong" for r in rows),
+                    "rows": rows[:MAX_FLIPS_SHOWN]})
+    return out
+
+
+def _mb(value: int | None) -> str:
+    return f"{value / 1e6:,.1f} MB" if value else "-"
+
+
+def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
+    base = records[0].facts if records and records[0].facts else None
+    rows = []
+    for record in records:
+        f = record.facts
+        if f is None:
+            rows.append({"stage": record.name, "weights": "-", "kv": "-", "kv_dtype": "-",
+                         "startup": "-", "version": "-", "command": "(engine never came up)"})
+            continue
+        vs = {k: (f"{getattr(f, k) / getattr(base, k):.2f}x baseline"
+                  if base and getattr(base, k) and getattr(f, k) else "") for k in
+              ("weight_bytes", "kv_cache_tokens")}
+        rows.append({
+            "stage": record.name + (" (emulated)" if record.emulated else ""),
+            "weights": f"{_mb(f.weight_bytes)} {vs['weight_bytes']}".strip(),
+            "kv": f"{f.kv_cache_tokens:,} {vs['kv_cache_tokens']}".strip() if f.kv_cache_tokens
+            else "-",
+            "kv_dtype": str(f.kv_cache_dtype or record.axes.get("kv_cache", "-")),
+            "startup": f"{f.startup_s:.0f} s" if f.startup_s else "-",
+            "version": str(f.version or "-"), "command": f.command_line(),
+        })
+    return rows
+
+
+def set_sizes(verdict: Verdict) -> list[dict[str, Any]]:
+    """Per stage and set: how small an effect the set can see, and what it would need."""
+    rows = []
+    for stage in verdict.stages:
+        for check in stage.checks:
+            d = check.details
+            if check.rule.startswith(("quality.", "long_context.")) and "mde" in d:
+                rows.append({"stage": stage.stage, "set": check.rule.split(".", 1)[1], "n": d["n"],
+                             "mde": f"{100 * float(d['mde']):.1f}",
+                             "margin": f"{100 * float(d['margin']):.2f}",
+                             "needed": f"{int(d['items_needed']):,}",
+                             "enough": float(d["mde"]) <= float(d["margin"])})
+    return rows
+
+
+def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
+             images: dict[str, Path]) -> dict[str, Any]:
+    set_names = sorted({name for r in records if r.quality for name in r.quality.tasks})
+    policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
+    by_name = {r.name: r for r in records}
+    changed = {s.stage: "-" for s in verdict.stages}
+    for r in records:
+        parent = by_name.get(r.parent or "")
+        changed[r.name] = ", ".join(
+            f"{axis}: {parent.axes.get(axis)} → {value}" for axis, value in r.axes.items()
+            if parent and parent.axes.get(axis) != value) or ("-" if parent else "baseline")
+    return {
+        "verdict": verdict, "set_names": set_names, "policy": policy,
+        "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
+        "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
+        "sizes": set_sizes(verdict), "images": images,
+        "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
+        .hexdigest()[:16],
+        "status_colors": plots.STATUS_COLORS,
+    }
+
+
+def _environment(autoescape: bool):
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["md"] = lambda text: " ".join(str(text).split()).replace("|", "\\|")
+    env.filters["pct"] = lambda x: f"{float(x):.0%}"
+    return env
+
+
+def write_report(
+    verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None
+) -> dict[str, Path]:
+    """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
+    drawn = {
+        "forest": plots.forest(verdict, out_dir / "forest.png"),
+        "long_context": plots.long_context(records, out_dir / "long_context.png"),
+        "latency_cdf": plots.latency_cdfs(records, out_dir / "latency_cdf.png"),
+        "length_ratios": plots.length_histogram(records, policy.length.max_change,
+                                                out_dir / "length_ratios.png"),
+    }
+    images = {name: path for name, path in drawn.items() if path is not None}
+    context = _context(verdict, records, signer, images)
+    inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+              for name, path in images.items()}
+    html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})
+    md = _environment(False).get_template("report.md.j2").render(
+        context | {"src": {name: path.name for name, path in images.items()}})
+    paths = {"html": out_dir / "report.html", "md": out_dir / "report.md"}
+    paths["html"].write_text(html)
+    paths["md"].write_text(md)
+    return paths | images

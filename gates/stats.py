@@ -1,0 +1,103 @@
+"""Paired statistics for gates: bootstrap CIs, exact McNemar, Wilcoxon, Holm, minimum detectable effect."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+
+
+def mean_ci(values: np.ndarray, confidence: float, resamples: int, seed: int) -> Interval:
+    """Bootstrap CI of the mean of paired per-item differences (BCa; percentile if degenerate)."""
+    values = np.asarray(values, dtype=float)
+    estimate = float(values.mean())
+    if values.size < 2 or np.all(values == values[0]):
+        # Every item moved by the same amount: resampling cannot show any spread.
+        return Interval(estimate, estimate, estimate)
+    rng = np.random.default_rng(seed)
+    result = stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
+                             method="BCa", random_state=rng)
+    low, high = result.confidence_interval
+    if not (math.isfinite(low) and math.isfinite(high)):
+        result = stats.bootstrap((values,), np.mean, confidence_level=confidence,
+                                 n_resamples=resamples, method="percentile", random_state=rng)
+        low, high = result.confidence_interval
+    return Interval(estimate, float(low), float(high))
+
+
+def median_ratio_ci(
+    stage: np.ndarray, parent: np.ndarray, confidence: float, resamples: int, seed: int
+) -> Interval:
+    """CI of median(stage) / median(parent) - 1 over independent requests (two-sample bootstrap)."""
+    stage, parent = np.asarray(stage, float), np.asarray(parent, float)
+
+    def increase(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(a, axis=axis) / np.median(b, axis=axis) - 1
+
+    estimate = float(increase(stage, parent))
+    result = stats.bootstrap((stage, parent), increase, confidence_level=confidence,
+                             n_resamples=resamples, method="percentile", vectorized=True,
+                             paired=False, random_state=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return Interval(estimate, float(low), float(high))
+
+
+def mcnemar_worse(broke: int, fixed: int) -> float:
+    """Exact one-sided McNemar: p of at least `broke` correct->wrong flips if flips were fair coins."""
+    if broke + fixed == 0:
+        return 1.0
+    return float(stats.binomtest(broke, broke + fixed, 0.5, alternative="greater").pvalue)
+
+
+def wilcoxon_p(differences: np.ndarray) -> float:
+    """Two-sided Wilcoxon signed-rank p of paired differences; 1.0 when nothing changed."""
+    differences = np.asarray(differences, dtype=float)
+    if np.count_nonzero(differences) == 0:
+        return 1.0
+    return float(stats.wilcoxon(differences, zero_method="wilcox").pvalue)
+
+
+def proportion_ci(successes: int, trials: int, confidence: float) -> Interval:
+    """Wilson CI of a proportion."""
+    ci = stats.binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="wilson")
+    return Interval(successes / trials, float(ci.low), float(ci.high))
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone), by name."""
+    ordered = sorted(pvalues.items(), key=lambda kv: kv[1])
+    m = len(ordered)
+    adjusted: dict[str, float] = {}
+    running = 0.0
+    for rank, (name, p) in enumerate(ordered):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def _z(confidence: float, power: float) -> float:
+    return float(stats.norm.ppf(1 - (1 - confidence) / 2) + stats.norm.ppf(power))
+
+
+def paired_mde(n: int, discordance: float, confidence: float, power: float) -> float:
+    """Smallest paired accuracy difference a set of n items detects (normal approximation).
+
+    For 0/1 scores the per-item difference has variance ~ the share of discordant (flipped) items.
+    """
+    return _z(confidence, power) * math.sqrt(discordance / n)
+
+
+def items_needed(margin: float, discordance: float, confidence: float, power: float) -> int:
+    """Items a set needs for its MDE to reach `margin`."""
+    if margin <= 0:
+        return 10**9
+    return math.ceil(discordance * (_z(confidence, power) / margin) ** 2)

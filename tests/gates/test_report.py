@@ -1,0 +1,107 @@
+"""The sign-off report: files that exist and parse, the numbers a signer reads, and a real render."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from gates.decide import decide
+from gates.policy import GatePolicy
+from gates.report import write_report
+from tests.gates.records import chain
+
+
+class Ids(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.images: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    records = chain()
+    verdict = decide("demo", records, GatePolicy())
+    out = tmp_path_factory.mktemp("report")
+    return verdict, records, write_report(verdict, records, out, signer="Ada Lovelace")
+
+
+def test_report_writes_html_markdown_and_every_figure(report):
+    _, _, paths = report
+    assert set(paths) == {"html", "md", "forest", "long_context", "latency_cdf", "length_ratios"}
+    for name in ("forest", "long_context", "latency_cdf", "length_ratios"):
+        assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    parser = Ids()
+    parser.feed(paths["html"].read_text())
+    assert {"decision", "rollback", "stages", "forest", "long_context", "latency_cdf",
+            "length_ratios", "engine", "signoff", "sizes"} <= parser.ids
+    assert len(parser.images) == 4 and all(s.startswith("data:image/png;base64,") for s in parser.images)
+
+
+def test_report_states_the_verdict_cis_flips_and_sign_off(report):
+    verdict, records, paths = report
+    md = paths["md"].read_text()
+    assert md.startswith("# demo: GO")
+    assert f"Candidate hash | `{verdict.candidate_hash}`" in md
+    assert "Signed by | Ada Lovelace" in md
+    # the per-stage table shows the paired CI the check was judged on
+    a8 = next(c for c in verdict.stages[2].checks if c.rule == "quality.math")
+    low = f"{100 * a8.details['ci_low']:+.1f}"
+    assert re.search(rf"\| a8 \|.*\[{re.escape(low)}, ", md)
+    # flipped items with both responses, correct->wrong first
+    assert "### a8 vs w8: 3 flipped (2 correct→wrong)" in md
+    assert "| w8 answer 10 | a8 answer 10 |" in md
+    assert "![forest plot](forest.png)" in md
+    assert "vllm --model a8" in md  # the rollback plan's exact command line
+
+
+def test_unsigned_report_leaves_a_line_to_sign(tmp_path):
+    records = chain()
+    verdict = decide("demo", records, GatePolicy())
+    md = write_report(verdict, records, tmp_path, signer=None)["md"].read_text()
+    assert "Signed by | ________________________" in md
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.fail("headless Chromium is needed to render the report: "
+                    "apt-get update && apt-get install -y chromium (Debian's package)")
+    return found
+
+
+@pytest.mark.chromium
+def test_report_renders_in_headless_chromium_with_its_plots(report):
+    from PIL import Image
+
+    _, _, paths = report
+    shot = paths["html"].with_name("screenshot.png")
+    subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--hide-scrollbars", "--window-size=1280,4200", f"--screenshot={shot}",
+         paths["html"].resolve().as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert pixels.shape[:2] == (4200, 1280)
+    # The GO badge (#1a7f37) is drawn near the top, and the page is not blank.
+    top = pixels[:200]
+    assert (np.abs(top - [0x1A, 0x7F, 0x37]).sum(axis=2) < 30).sum() > 500
+    assert (pixels.sum(axis=2) < 600).mean() > 0.01, "page looks empty"
+    # The plots rendered: matplotlib's default blue/orange lines are on the page.
+    for color in ([0x1F, 0x77, 0xB4], [0xFF, 0x7F, 0x0E]):
+        assert (np.abs(pixels - color).sum(axis=2) < 40).sum() > 300, color
+    # The forest plot's status colours (inconclusive amber) are there too.
+    assert (np.abs(pixels - [0xBF, 0x87, 0x00]).sum(axis=2) < 40).sum() > 100

@@ -1,0 +1,165 @@
+"""The sign-off rules: non-inferiority bounds, divergence, length drift, latency noise, fail closed."""
+
+from __future__ import annotations
+
+import json
+
+from gates.decide import decide
+from gates.policy import GatePolicy
+from gates.verdict import Verdict
+from tests.gates.records import UNQUANTIZED, chain, record
+
+POLICY = GatePolicy()
+BASE = [1.0] * 40 + [0.0] * 60   # a weak model: 40 % accuracy
+INT4 = UNQUANTIZED | {"weights": "int4/group64"}
+
+
+def with_flips(scores: list[float], broke: int, fixed: int) -> list[float]:
+    out = list(scores)
+    for i in range(broke):
+        out[i] = 0.0
+    for i in range(fixed):
+        out[40 + i] = 1.0
+    return out
+
+
+def checks(verdict: Verdict, stage: str) -> dict:
+    return {c.rule: c for s in verdict.stages if s.stage == stage for c in s.checks}
+
+
+def test_noisy_but_unbiased_stage_goes_and_says_what_it_did_not_establish():
+    stage = record("w", "baseline", with_flips(BASE, 4, 4))
+    verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
+    assert verdict.decision == "go", verdict.reasons
+    quality = checks(verdict, "w")["quality.math"]
+    assert quality.status == "inconclusive" and quality.passed and not quality.required
+    assert "MDE" in quality.reason and quality.details["items_needed"] > 1000
+    assert len(verdict.advisories) == 1 and "quality.math" in verdict.advisories[0]
+
+
+def test_required_accuracy_bound_that_the_set_cannot_resolve_rolls_back():
+    policy = GatePolicy.model_validate({"quality": {"accuracy_required": True}})
+    stage = record("w", "baseline", with_flips(BASE, 4, 4))
+    verdict = decide("c", [record("baseline", None, BASE), stage], policy)
+    assert verdict.decision == "rollback"
+    assert "inconclusive, counts as rollback" in verdict.reasons[0]
+    assert "items to bound the margin" in verdict.reasons[0]
+
+
+def test_identical_stage_proves_non_inferiority():
+    verdict = decide("c", [record("baseline", None, BASE), record("w", "baseline", BASE)], POLICY)
+    quality = checks(verdict, "w")["quality.math"]
+    assert quality.status == "pass" and quality.details["ci_low"] == 0.0
+    assert verdict.decision == "go" and verdict.advisories == []
+
+
+def test_one_sided_flips_fail_even_where_the_bound_is_not_required():
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", with_flips(BASE, 10, 1))], POLICY)
+    quality = checks(verdict, "w")["quality.math"]
+    assert quality.status == "fail" and not quality.passed
+    assert "10 correct->wrong, 1 wrong->correct" in quality.reason
+    assert quality.details["p_holm"] < 0.05
+
+
+def test_missing_divergence_fails_closed_unless_the_policy_waives_it():
+    stage = record("w", "baseline", BASE, kl=None)
+    verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
+    assert verdict.decision == "rollback"
+    assert "divergence: KL divergence / top-1 agreement vs the baseline was not measured" in (
+        verdict.reasons[0].split(": ", 1)[1])
+    waived = GatePolicy.model_validate({"divergence": {"required": False}})
+    verdict = decide("c", [record("baseline", None, BASE), stage], waived)
+    assert verdict.decision == "go" and any("divergence" in a for a in verdict.advisories)
+
+
+def test_kl_and_top1_limits_follow_the_stage_precision():
+    eight = record("w", "baseline", BASE, kl=0.06, top1=0.93)
+    verdict = decide("c", [record("baseline", None, BASE), eight], POLICY)
+    assert {"divergence.kl", "divergence.top1"} <= {c.rule for c in verdict.stages[1].failures}
+    four = record("w", "baseline", BASE, kl=0.06, top1=0.93, axes=INT4)
+    verdict = decide("c", [record("baseline", None, BASE), four], POLICY)
+    assert verdict.stages[1].precision == "4bit" and verdict.decision == "go", verdict.reasons
+
+
+def test_four_bit_stage_is_held_to_a_lower_recovery():
+    stage = record("w", "baseline", BASE, axes=INT4)
+    verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
+    quality = checks(verdict, "w")["quality.math"]
+    assert quality.limit == -(1 - 0.97) * 0.4
+
+
+def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back():
+    longer = record("w", "baseline", BASE, lengths=[46] * 100)  # +15 % on every item
+    verdict = decide("c", [record("baseline", None, BASE), longer], POLICY)
+    assert checks(verdict, "w")["length"].status == "fail"
+    jitter = [41 if i % 3 else 39 for i in range(100)]
+    verdict = decide("c", [record("baseline", None, BASE, lengths=[40] * 100),
+                           record("w", "baseline", BASE, lengths=jitter)], POLICY)
+    assert checks(verdict, "w")["length"].status == "pass"
+    assert "Wilcoxon" in checks(verdict, "w")["length"].reason
+    straddling = [40] * 80 + [70] * 20
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", BASE, lengths=straddling)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "inconclusive" and not length.passed, length.reason
+    assert verdict.decision == "rollback"
+
+
+def test_more_responses_cut_off_at_the_budget_fail():
+    before = ["stop"] * 100
+    after = ["length"] * 30 + ["stop"] * 70
+    verdict = decide("c", [record("baseline", None, BASE, finish=before),
+                           record("w", "baseline", BASE, finish=after)], POLICY)
+    finish = checks(verdict, "w")["length.finish"]
+    assert finish.status == "fail" and "30.0% vs parent 0.0%" in finish.reason
+
+
+def test_latency_is_judged_against_the_measured_noise():
+    base = record("baseline", None, BASE, raw_samples=True)
+    same = record("w", "baseline", BASE, raw_samples=True, tpot=26.0)
+    verdict = decide("c", [base, same], POLICY)
+    tpot = checks(verdict, "w")["latency.low.tpot_p50_ms"]
+    assert tpot.status == "pass" and tpot.details["ci_low"] < tpot.details["increase"] < tpot.details[
+        "ci_high"]
+    slow = record("w", "baseline", BASE, raw_samples=True, tpot=40.0)
+    verdict = decide("c", [base, slow], POLICY)
+    assert checks(verdict, "w")["latency.low.tpot_p50_ms"].status == "fail"
+
+
+def test_a_broken_long_context_bucket_fails():
+    groups = ["short"] * 50 + ["long"] * 50
+    base = [1.0] * 25 + [0.0] * 25 + [1.0] * 25 + [0.0] * 25
+    broken = base[:50] + [0.0] * 50
+    verdict = decide("c", [record("baseline", None, base, groups=groups),
+                           record("w", "baseline", broken, groups=groups)], POLICY)
+    bucket = checks(verdict, "w")["long_context.math.long"]
+    assert bucket.status == "fail" and "25 correct->wrong" in bucket.reason
+    assert checks(verdict, "w")["long_context.math.short"].status == "pass"
+
+
+def test_verdict_json_carries_the_rollback_plan_and_a_stable_candidate_hash(tmp_path):
+    stages = chain()
+    stages[2].quality.divergence.mean_kl = stages[2].quality.divergence.kl_ci_low = 0.5
+    stages[2].quality.divergence.kl_ci_high = 0.6
+    verdict = decide("demo", stages, POLICY)
+    assert verdict.decision == "rollback"
+    # w8 is emulated: the last configuration really served and accepted is the baseline.
+    assert verdict.rollback_plan.stage == "baseline"
+    assert verdict.rollback_plan.command == "vllm --model baseline"
+    data = json.loads(verdict.save(tmp_path / "verdict.json").read_text())
+    assert data["schema_version"] == "2" and data["policy"]["tolerances"]["8bit"]["recovery"] == 0.99
+    rules = {c["rule"]: c for c in data["stages"][2]["checks"]}
+    assert rules["divergence.kl"]["status"] == "fail" and rules["quality.math"]["details"]["n"] == 120
+    assert verdict.candidate_hash == decide("demo", chain(), POLICY).candidate_hash
+    assert Verdict.model_validate(data) == verdict
+
+
+def test_every_go_rests_on_required_rules_that_resolved():
+    verdict = decide("demo", chain(), POLICY)
+    assert verdict.decision == "go"
+    final = verdict.stages[-1]
+    required = [c for c in final.checks if c.required and c.applicable]
+    assert required and all(c.status == "pass" for c in required)
+    assert {"divergence.kl", "divergence.top1", "perplexity.parent", "length"} <= {
+        c.rule for c in required}
