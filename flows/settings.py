@@ -24,4 +24,6 @@ class Settings(BaseSettings):
         description="MLflow store; defaults to MLFLOW_TRACKING_URI, else sqlite in the cwd.",
     )
     mlflow_experiment: str = Field(default="quantgate", description="MLflow experiment name.")
+    reports_dir: Path = Field(default=Path("reports"), description="Where sign-off reports go.")
+    signer: str | None = Field(default=None, description="Name put in the report's sign-off block.")
     num_concurrent: int = Field(default=4, ge=1, description="Parallel eval requests (lm-eval).")

@@ -90,11 +90,15 @@ class Tracker:
             if record.error:
                 self.mlflow.end_run(status="FAILED")
 
-    def log_verdict(self, verdict: Verdict, verdict_path: Path) -> None:
-        self.mlflow.set_tag("verdict", verdict.decision)
-        self.mlflow.set_tag("accepted_stage", str(verdict.accepted_stage))
-        self.mlflow.log_metric("verdict.go", 1.0 if verdict.decision == "go" else 0.0)
+    def log_verdict(self, verdict: Verdict, verdict_path: Path, report_dir: Path) -> None:
+        from gates.compare import run_metrics, run_tags
+
+        # The same tags and gate.* metrics on every candidate's parent run, so the MLflow UI's
+        # compare view shows what `quantgate compare` prints.
+        self.mlflow.set_tags(run_tags(verdict))
+        self.mlflow.log_metrics(run_metrics(verdict))
         self.mlflow.log_artifact(str(verdict_path))
+        self.mlflow.log_artifacts(str(report_dir), artifact_path="report")
         client = self.mlflow.tracking.MlflowClient()
         for stage in verdict.stages:
             runs = client.search_runs(
