@@ -1,0 +1,184 @@
+"""Hostile model outputs are contained: scored as failures with a reason, the host unharmed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from evalsets import sandbox
+from evalsets.sandbox import run_untrusted
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT_S = 3.0
+MARGIN_S = 10.0  # start-up, the kill and the sweep; a bound proving the kill works, not a speed test
+
+strong = pytest.mark.skipif(
+    not sandbox.isolation().network_namespace or not sandbox.isolation().drop_uid,
+    reason="needs root with CAP_SYS_ADMIN (network namespace and a dropped uid)",
+)
+
+
+def _leftovers() -> list[int]:
+    """Processes of any sandbox uid (>= 200000) still alive (zombies are dead already)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        uid = int(status.split("Uid:")[1].split()[0])
+        state = status.split("State:")[1].split()[0]
+        if uid >= 200_000 and state != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def test_correct_code_passes():
+    tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+    result = run_untrusted("def add(a, b):\n    return a + b\n", tests)
+    assert result.passed, result
+    assert result.reason == "passed"
+
+
+def test_failing_assert_is_named():
+    result = run_untrusted("def add(a, b):\n    return a - b\n", "assert add(2, 3) == 5\n")
+    assert not result.passed
+    assert result.reason == "assertion failed: assert add(2, 3) == 5"
+
+
+def test_exiting_early_with_success_status_is_not_a_pass():
+    result = run_untrusted("import os\nos._exit(0)\n", "assert False\n")
+    assert not result.passed
+    assert "exited before the tests finished" in result.reason
+
+
+def test_solution_may_use_its_own_directory_and_tempfile():
+    code = (
+        "import tempfile\nwith open('scratch.txt', 'w') as f:\n    f.write('ok')\n"
+        "with tempfile.TemporaryFile() as t:\n    t.write(b'x')\n"
+        "def read():\n    return open('scratch.txt').read()\n"
+    )
+    assert run_untrusted(code, "assert read() == 'ok'\n").passed
+
+
+@strong
+@pytest.mark.parametrize("target", ["/tmp", "/var/tmp", "/dev/shm", str(REPO)])
+def test_writing_outside_its_directory_is_refused(target):
+    path = Path(target) / f"qg_escape_{secrets.token_hex(6)}"
+    code = f"def f():\n    return 1\nopen({str(path)!r}, 'w').write('escaped')\n"
+    result = run_untrusted(code, "assert f() == 1\n", timeout_s=LIMIT_S)
+    assert not result.passed
+    assert "PermissionError" in result.reason or "Read-only file system" in result.reason, result.reason
+    assert not path.exists()
+
+
+@strong
+def test_network_connection_never_reaches_the_host():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
+            "def f():\n    return 1\n"
+        )
+        result = run_untrusted(code, "assert f() == 1\n", timeout_s=LIMIT_S)
+        listener.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert not result.passed
+    assert "Network is unreachable" in result.reason or "OSError" in result.reason, result.reason
+
+
+@strong
+def test_fork_bomb_is_capped_and_every_process_killed():
+    code = (
+        "import os\n"
+        "while True:\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()  # leave the process group: the uid sweep must still get it\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    start = time.monotonic()
+    result = run_untrusted(code, "pass\n", timeout_s=LIMIT_S, max_processes=8)
+    assert time.monotonic() - start < LIMIT_S + MARGIN_S
+    assert not result.passed
+    assert result.reason.startswith(("timeout", "cpu limit")), result.reason
+    deadline = time.monotonic() + 5
+    while _leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers() == []
+    assert os.getpid() > 0 and run_untrusted("x = 1\n", "assert x == 1\n").passed  # host goes on
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["while True:\n    pass\n", "import time\ntime.sleep(3600)\n"],
+    ids=["busy-loop", "sleep"],
+)
+def test_endless_code_is_killed_at_the_deadline(code):
+    start = time.monotonic()
+    result = run_untrusted(code, "pass\n", timeout_s=LIMIT_S)
+    assert time.monotonic() - start < LIMIT_S + MARGIN_S
+    assert not result.passed
+    assert result.reason.startswith(("timeout", "cpu limit")), result.reason
+
+
+def test_huge_allocation_hits_the_memory_limit():
+    start = time.monotonic()
+    result = run_untrusted("data = bytearray(10 * 1024 ** 3)\n", "pass\n", timeout_s=LIMIT_S, memory_mb=512)
+    assert time.monotonic() - start < LIMIT_S + MARGIN_S
+    assert not result.passed
+    assert result.reason.startswith("memory limit"), result.reason
+
+
+def test_endless_output_is_bounded():
+    result = run_untrusted("while True:\n    print('x' * 1000)\n", "pass\n", timeout_s=LIMIT_S, file_mb=1)
+    assert not result.passed
+    assert len(result.stdout) <= sandbox.OUTPUT_TAIL
+
+
+def test_the_temporary_directory_is_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
+    run_untrusted("open('left.txt', 'w').write('x')\n", "pass\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_isolation_is_reported():
+    result = run_untrusted("x = 1\n", "assert x == 1\n")
+    assert result.isolation == sandbox.isolation().describe()
+    if os.geteuid() == 0:
+        assert "network namespace" in result.isolation and "unprivileged uid" in result.isolation
+
+
+def test_without_a_network_namespace_the_socket_guard_refuses(monkeypatch):
+    weaker = sandbox.Isolation(
+        network_namespace=False,
+        mount_namespace=False,
+        user_namespace=False,
+        drop_uid=sandbox.isolation().drop_uid,
+        interpreter=sandbox.isolation().interpreter,
+    )
+    monkeypatch.setattr(sandbox, "isolation", lambda: weaker)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        result = run_untrusted(code, "pass\n", timeout_s=LIMIT_S)
+        listener.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert not result.passed
+    assert "network access is disabled" in result.reason
+    assert "socket guard only" in result.isolation
