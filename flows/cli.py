@@ -133,6 +133,21 @@ def compare(
     console.print(table)
 
 
+@app.command("load-ui")
+def load_ui(
+    base_url: Annotated[str, typer.Option(help="A running stage's OpenAI-compatible root.")],
+    model: Annotated[str, typer.Option(help="Served model name.")],
+    profile: Annotated[str, typer.Option(help="Load profile name or path.")] = "demo",
+) -> None:
+    """Open Locust's web UI against a running stage for a live look (Ctrl-C to stop)."""
+    from load.webui import open_webui
+
+    try:
+        open_webui(base_url, model, profile=profile)
+    except QuantgateError as err:
+        fail(str(err))
+
+
 @app.command("prepare-demo")
 def prepare_demo(models_dir: Path = Path("models")) -> None:
     """Make the demo baseline (bf16 from the PyPI GGUF) and its quantized candidates."""

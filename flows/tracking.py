@@ -12,7 +12,7 @@ from gates.verdict import Verdict
 LOAD_FIGURES = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
     "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
-    "requests_per_s", "output_tokens_per_s", "error_rate",
+    "requests_per_s", "output_tokens_per_s", "error_rate", "goodput", "goodput_requests_per_s",
 )
 
 
@@ -38,6 +38,9 @@ def stage_metrics(record: StageRecord) -> dict[str, float]:
             if value is not None:
                 metrics[f"engine.{name}"] = float(value)
     if record.quality:
+        if record.quality.divergence:
+            metrics["quality.divergence.mean_kl"] = record.quality.divergence.mean_kl
+            metrics["quality.divergence.top1_agreement"] = record.quality.divergence.top1_agreement
         for name, task in record.quality.tasks.items():
             metrics[f"quality.{name}.{task.metric}"] = task.value
             lengths = [i.output_tokens for i in task.items if i.output_tokens is not None]
@@ -46,6 +49,8 @@ def stage_metrics(record: StageRecord) -> dict[str, float]:
         if record.quality.perplexity is not None:
             metrics["quality.perplexity"] = record.quality.perplexity
     if record.load:
+        if record.load.capacity_rps is not None:
+            metrics["load.capacity_rps"] = record.load.capacity_rps
         for level, summary in record.load.summaries.items():
             for name in LOAD_FIGURES:
                 value = getattr(summary, name)

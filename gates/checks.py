@@ -302,18 +302,27 @@ def _latency_check(stage: StageRecord, parent: StageRecord, metric: str, limit: 
     )
 
 
+def error_rate_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
+    """Per level: errors within the stricter of the policy's and the load profile's limit."""
+    limits = [policy.load.max_error_rate, stage.load.max_error_rate]
+    limit = min(x for x in limits if x is not None)
+    checks = []
+    for level, summary in stage.load.summaries.items():
+        measured = summary.requests > 0
+        checks.append(Check(
+            rule=f"load.{level}.errors", passed=measured and summary.error_rate <= limit,
+            value=summary.error_rate, limit=limit,
+            reason=f"{summary.errors}/{summary.requests} requests failed "
+            f"({summary.error_rate:.1%}, limit {limit:.0%})" if measured
+            else "no request was measured: fail closed",
+        ))
+    return checks
+
+
 def load_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -> list[Check]:
     if stage.load is None or not stage.load.summaries:
         return [_missing("load", "load")]
-    checks = []
-    limit = policy.load.max_error_rate
-    for level, summary in stage.load.summaries.items():
-        checks.append(Check(
-            rule=f"load.{level}.errors", passed=summary.error_rate <= limit,
-            value=summary.error_rate, limit=limit,
-            reason=f"{summary.errors}/{summary.requests} requests failed "
-            f"({summary.error_rate:.1%}, limit {limit:.0%})",
-        ))
+    checks = error_rate_checks(stage, policy)
     rules = policy.latency
     if stage.emulated or parent.emulated:
         who = stage.name if stage.emulated else f"parent {parent.name!r}"

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from gates.checks import Check, stage_checks
+from gates.checks import Check, error_rate_checks, stage_checks
 from gates.policy import GatePolicy, precision_class
 from gates.record import RunManifest, StageRecord
 from gates.verdict import RollbackPlan, StageVerdict, Verdict
@@ -20,13 +20,7 @@ def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:
         if value is None:
             checks.append(Check(rule=what, passed=False, reason=f"{what} was not measured"))
     if baseline.load:
-        limit = policy.load.max_error_rate
-        for level, summary in baseline.load.summaries.items():
-            checks.append(Check(
-                rule=f"load.{level}.errors", passed=summary.error_rate <= limit,
-                value=summary.error_rate, limit=limit,
-                reason=f"{summary.errors}/{summary.requests} requests failed",
-            ))
+        checks += error_rate_checks(baseline, policy)
     return checks
 
 

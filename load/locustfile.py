@@ -1,7 +1,19 @@
 """Locust user that streams fixed-size /v1/completions and records raw per-request samples.
 
 Runs in its own Locust process (gevent), so it is self-contained: configuration arrives in
-QG_* environment variables and samples leave as JSON lines in QG_SAMPLES_FILE.
+QG_* environment variables and samples leave as JSON lines in QG_SAMPLES_FILE. In distributed
+mode the workers send each sample to the master as a Locust message and only the master writes.
+
+Three ways to pace requests:
+- closed loop (default): each user sends its next request when the previous one ends;
+- closed loop with a request budget (QG_MAX_REQUESTS): the same, and the process quits once
+  that many requests have finished (like `vllm bench serve --num-prompts`);
+- open loop (QG_RATE > 0): one Poisson arrival schedule per process, fixed in advance from a
+  seeded generator; whichever user is free takes the next arrival and sleeps until its time.
+  Arrivals do not wait for answers, so the server sees Poisson traffic as long as the pool has
+  a free user; when it has none the request leaves late and the lag is recorded per sample.
+  (Users that each wait an exponential time *after* their own request are not Poisson at the
+  server: their next arrival waits on the previous answer, so a slow server is offered less.)
 """
 
 from __future__ import annotations
@@ -16,6 +28,8 @@ import time
 import gevent
 from locust import events, task
 from locust.contrib.fasthttp import FastHttpUser
+from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
 
 MODEL = os.environ.get("QG_MODEL", "")
 PROMPT_TOKENS = int(os.environ.get("QG_PROMPT_TOKENS", "128"))
@@ -23,29 +37,70 @@ OUTPUT_TOKENS = int(os.environ.get("QG_OUTPUT_TOKENS", "32"))
 SEED = int(os.environ.get("QG_SEED", "1234"))
 LEVEL = os.environ.get("QG_LEVEL", "")
 TIMEOUT_S = float(os.environ.get("QG_TIMEOUT_S", "120"))
+MAX_REQUESTS = int(os.environ.get("QG_MAX_REQUESTS", "0"))
+RATE = float(os.environ.get("QG_RATE", "0"))
+TOTAL_USERS = int(os.environ.get("QG_TOTAL_USERS", "0"))
+# Distributed mode: the master ends the run itself after this many seconds (see _graceful_end).
+MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
 # Token ids far from the special tokens at the start of the vocabulary and inside any
 # vocabulary the demo models use (SmolLM2 has 49,152), so every id is an ordinary token.
 TOKEN_ID_MIN = int(os.environ.get("QG_TOKEN_ID_MIN", "1000"))
 TOKEN_ID_MAX = int(os.environ.get("QG_TOKEN_ID_MAX", "40000"))
 SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
+SAMPLE_MESSAGE = "qg_sample"
 # A pause after a failed request, so a dead server is not hammered in a tight loop.
 ERROR_BACKOFF_S = 0.1
 
 _user_numbers = itertools.count()
+_tickets = itertools.count()
+_finished = itertools.count(1)
 _write_lock = threading.Lock()
+_state: dict = {"environment": None, "arrivals": None}
 
 
-def _write_sample(sample: dict) -> None:
+class Arrivals:
+    """A Poisson schedule: the k-th call returns the k-th arrival time (perf_counter seconds)."""
+
+    def __init__(self, rate: float, seed: str, start: float) -> None:
+        self._rng = random.Random(seed)
+        self._rate = rate
+        self._next = start
+
+    def take(self) -> float:
+        # No gevent switch in here: takes are atomic among the users of one process.
+        self._next += self._rng.expovariate(self._rate)
+        return self._next
+
+
+def _write_line(sample: dict) -> None:
     if not SAMPLES_FILE:
         return
     line = json.dumps(sample) + "\n"
-    # One write per line in append mode: lines from several worker processes never interleave.
     with _write_lock, open(SAMPLES_FILE, "a", encoding="utf-8") as handle:
         handle.write(line)
 
 
+def _record(sample: dict) -> None:
+    runner = _state["environment"].runner if _state["environment"] else None
+    if isinstance(runner, WorkerRunner):
+        # One message per sample, sent before the task ends: it reaches the master ahead of
+        # this worker's "stopped"/"quit" message on the same connection, so none is lost.
+        runner.send_message(SAMPLE_MESSAGE, sample)
+    else:
+        _write_line(sample)
+
+
+def _on_sample_message(environment, msg, **_kwargs) -> None:
+    _write_line(msg.data)
+
+
+def _worker_name(environment) -> str | None:
+    runner = environment.runner
+    return f"worker-{runner.worker_index}" if isinstance(runner, WorkerRunner) else None
+
+
 @events.init.add_listener
-def _check_config(environment, **_kwargs) -> None:
+def _setup(environment, **_kwargs) -> None:
     # SystemExit passes through Locust's event hooks (exceptions do not): a bad setup stops
     # the run with a non-zero exit code instead of loading the server with nonsense.
     if not MODEL:
@@ -55,10 +110,52 @@ def _check_config(environment, **_kwargs) -> None:
             f"quantgate locustfile: bad sizes: QG_PROMPT_TOKENS={PROMPT_TOKENS}, "
             f"QG_OUTPUT_TOKENS={OUTPUT_TOKENS}, token ids {TOKEN_ID_MIN}..{TOKEN_ID_MAX}"
         )
+    if RATE < 0 or MAX_REQUESTS < 0:
+        raise SystemExit(f"quantgate locustfile: bad QG_RATE={RATE} or QG_MAX_REQUESTS={MAX_REQUESTS}")
+    _state["environment"] = environment
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(SAMPLE_MESSAGE, _on_sample_message)
+
+
+@events.spawning_complete.add_listener
+def _start_arrivals(user_count: int, **_kwargs) -> None:
+    if RATE <= 0 or _state["arrivals"] is not None:
+        return
+    runner = _state["environment"].runner
+    if isinstance(runner, MasterRunner):
+        return
+    # Each process offers its users' share of the rate; independent Poisson streams add up to
+    # one Poisson stream of the full rate at the server.
+    mine = runner.user_count if isinstance(runner, WorkerRunner) else user_count
+    share = mine / TOTAL_USERS if TOTAL_USERS else 1.0
+    if share <= 0:
+        return
+    seed = f"{SEED}:{LEVEL}:arrivals:{runner.worker_index}"
+    _state["arrivals"] = Arrivals(RATE * share, seed, time.perf_counter())
+
+
+@events.test_start.add_listener
+def _graceful_end(environment, **_kwargs) -> None:
+    # Locust's own --run-time makes a master quit at once: its workers' in-flight requests
+    # would finish after the master is gone and their samples would be lost. Stopping first
+    # waits until every worker has finished its requests (and sent their samples).
+    runner = environment.runner
+    if MASTER_RUN_S > 0 and isinstance(runner, MasterRunner):
+
+        def end() -> None:
+            runner.stop()
+            runner.quit()
+
+        gevent.spawn_later(MASTER_RUN_S, end)
+
+
+def _quit_when_budget_spent() -> None:
+    if MAX_REQUESTS and next(_finished) >= MAX_REQUESTS:
+        gevent.spawn(_state["environment"].runner.quit)
 
 
 class CompletionsUser(FastHttpUser):
-    """One closed-loop client: send a request, read its stream to the end, send the next."""
+    """One client: closed loop, or a member of the open-loop pool (see the module docstring)."""
 
     network_timeout = TIMEOUT_S
     connection_timeout = TIMEOUT_S
@@ -66,13 +163,39 @@ class CompletionsUser(FastHttpUser):
     def on_start(self) -> None:
         # Each user of each level has its own seeded stream of prompts: every stage gets the same
         # prompts, and no prompt repeats within a server's life, so the prefix cache never hits.
-        self._rng = random.Random(f"{SEED}:{LEVEL}:{next(_user_numbers)}")
+        runner = self.environment.runner
+        self._rng = random.Random(f"{SEED}:{LEVEL}:{runner.worker_index}:{next(_user_numbers)}")
+        self._worker = _worker_name(self.environment)
 
     def _prompt(self) -> list[int]:
         return [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(PROMPT_TOKENS)]
 
+    def _wait_for_arrival(self) -> float | None:
+        """Open loop: sleep until this user's next scheduled arrival; its wall-clock time."""
+        if RATE <= 0:
+            return None
+        while _state["arrivals"] is None:
+            gevent.sleep(0.01)
+        due = _state["arrivals"].take()
+        delay = due - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        return time.time() - (time.perf_counter() - due)
+
     @task
     def stream_completion(self) -> None:
+        if MAX_REQUESTS and next(_tickets) >= MAX_REQUESTS:
+            raise StopUser()
+        scheduled_s = self._wait_for_arrival()
+        sample = self._one_request()
+        sample["scheduled_s"] = scheduled_s
+        sample["worker"] = self._worker
+        _record(sample)
+        _quit_when_budget_spent()
+        if sample["error"] and RATE <= 0:
+            gevent.sleep(ERROR_BACKOFF_S)
+
+    def _one_request(self) -> dict:
         body = {
             "model": MODEL,
             "prompt": self._prompt(),
@@ -102,6 +225,7 @@ class CompletionsUser(FastHttpUser):
                     else:
                         # Line by line: a sized read would wait for bytes and smear TTFT.
                         raw = resp._response
+                        done = False
                         while True:
                             line = raw.readline(b"\n")
                             if not line:
@@ -112,6 +236,7 @@ class CompletionsUser(FastHttpUser):
                             data = line[5:].strip()
                             if data == b"[DONE]":
                                 raw.read()  # the chunked terminator: frees the connection for reuse
+                                done = True
                                 break
                             event = json.loads(data)
                             if "error" in event and not event.get("choices"):
@@ -129,6 +254,11 @@ class CompletionsUser(FastHttpUser):
                                 chunks += 1
                         if error is None and ttft_ms is None:
                             error = "stream ended without a token"
+                        elif error is None and not done:
+                            # An engine that dies mid-answer: a cut stream is a failure, not a
+                            # short answer.
+                            error = f"stream cut after {chunks} tokens (no [DONE])"
+                            _discard_connection(resp)
             except Exception as exc:  # every failure becomes a recorded sample, never a crash
                 error = f"{type(exc).__name__}: {exc}"
                 _discard_connection(resp)
@@ -150,18 +280,15 @@ class CompletionsUser(FastHttpUser):
                 exception=None,
                 context={},
             )
-        _write_sample(
-            {
-                "start_s": start_s,
-                "ttft_ms": ttft_ms,
-                "e2e_ms": None if error else e2e_ms,
-                "output_tokens": output_tokens,
-                "itl_ms": gaps_ms,
-                "error": error,
-            }
-        )
-        if error:
-            gevent.sleep(ERROR_BACKOFF_S)
+        return {
+            "start_s": start_s,
+            "end_s": start_s + e2e_ms / 1000,
+            "ttft_ms": ttft_ms,
+            "e2e_ms": None if error else e2e_ms,
+            "output_tokens": output_tokens,
+            "itl_ms": gaps_ms,
+            "error": error,
+        }
 
 
 def _body_head(resp) -> str:

@@ -12,6 +12,51 @@ from infra.errors import SpecError, did_you_mean
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
+class Slo(BaseModel):
+    """A service-level objective per request: a request meets it when every set bound holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: float | None = Field(default=None, gt=0, description="Highest acceptable TTFT.")
+    tpot_ms: float | None = Field(default=None, gt=0, description="Highest acceptable TPOT.")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Slo:
+        if self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError("an SLO needs ttft_ms, tpot_ms or both")
+        return self
+
+
+class CapacitySearch(BaseModel):
+    """Bounded search for the highest Poisson request rate at which `target` of requests meet the SLO."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, description="Off by default: a search costs several runs.")
+    min_rate: float = Field(default=0.25, gt=0, description="Lowest rate tried (requests/s).")
+    max_rate: float = Field(default=8.0, gt=0, description="Highest rate tried (requests/s).")
+    iterations: int = Field(
+        default=4, ge=0, le=12, description="Bisection steps after both bounds were tried."
+    )
+    duration_s: float = Field(default=20.0, gt=0, description="Measured seconds per tried rate.")
+    warmup_s: float = Field(default=3.0, ge=0, description="Unmeasured seconds before each rate.")
+    target: float = Field(
+        default=0.99, gt=0, le=1, description="Share of requests that must meet the SLO."
+    )
+    pool_users: int = Field(
+        default=64,
+        ge=1,
+        description="Users that fire the scheduled arrivals; more than rate x latency, or "
+        "arrivals start late (recorded as dispatch lag).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> CapacitySearch:
+        if self.max_rate <= self.min_rate:
+            raise ValueError(f"max_rate ({self.max_rate}) must be > min_rate ({self.min_rate})")
+        return self
+
+
 class LoadProfile(BaseModel):
     """Two concurrency levels of fixed-size streaming requests; every stage does equal work."""
 
@@ -27,9 +72,24 @@ class LoadProfile(BaseModel):
         description="Exact output length: requests use ignore_eos and max_tokens = this value.",
     )
     warmup_s: float = Field(
-        default=5.0, ge=0, description="Requests started during the warm-up are left out of stats."
+        default=5.0,
+        ge=0,
+        description="Duration runs: requests started during the warm-up are left out of stats.",
     )
-    duration_s: float = Field(gt=0, description="Measured seconds per level, after the warm-up.")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="Measured seconds per level, after the warm-up."
+    )
+    requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="Instead of duration_s: measured requests per level (single process only).",
+    )
+    warmup_requests: int = Field(
+        default=0, ge=0, description="Request-count runs: first requests left out of stats."
+    )
+    repeats: int = Field(
+        default=1, ge=1, le=20, description="Runs per level; 2 or more give confidence intervals."
+    )
     max_error_rate: float = Field(
         default=0.01, ge=0, le=1, description="Highest acceptable share of failed requests."
     )
@@ -37,11 +97,30 @@ class LoadProfile(BaseModel):
         default=120.0, gt=0, description="Client timeout for one request, connect to last byte."
     )
     seed: int = Field(default=1234, description="Seed of the prompt token-id generator.")
+    slo: Slo | None = Field(default=None, description="Per-request SLO for goodput; none: no goodput.")
+    capacity: CapacitySearch = Field(
+        default_factory=CapacitySearch, description="Capacity search under the SLO (Poisson)."
+    )
+    workers: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="0: one Locust process; N: Locust distributed mode, a master and N workers.",
+    )
 
     @model_validator(mode="after")
-    def _levels_ordered(self) -> LoadProfile:
+    def _consistent(self) -> LoadProfile:
         if self.high_users < self.low_users:
             raise ValueError(f"high_users ({self.high_users}) must be >= low_users ({self.low_users})")
+        if (self.duration_s is None) == (self.requests is None):
+            raise ValueError("set exactly one of duration_s (seconds) or requests (a count)")
+        if self.requests is not None and self.workers:
+            raise ValueError(
+                f"requests (a count) runs in one process; distributed mode (workers: "
+                f"{self.workers}) needs duration_s"
+            )
+        if self.capacity.enabled and self.slo is None:
+            raise ValueError("capacity.enabled needs an slo (ttft_ms and/or tpot_ms)")
         return self
 
     def levels(self) -> dict[str, int]:
@@ -85,16 +164,24 @@ def load_profile(path: str | Path) -> LoadProfile:
         raise SpecError(f"{path}: {_describe(exc)}") from exc
 
 
+_NESTED = {"slo": Slo, "capacity": CapacitySearch}
+
+
 def _describe(exc: ValidationError) -> str:
     """Pydantic's errors as "field 'x': problem" lines, with a hint for misspelt fields."""
-    valid = tuple(LoadProfile.model_fields)
     lines = []
     for err in exc.errors():
-        field = ".".join(str(part) for part in err["loc"]) or "(profile)"
+        loc = [str(part) for part in err["loc"]]
+        field = ".".join(loc) or "(profile)"
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown field {field!r}; {did_you_mean(field, valid)}")
+            owner = _NESTED.get(loc[0]) if len(loc) > 1 else LoadProfile
+            valid = tuple((owner or LoadProfile).model_fields)
+            lines.append(f"unknown field {field!r}; {did_you_mean(loc[-1], valid)}")
         elif err["type"] == "missing":
             lines.append(f"field {field!r}: required")
+        elif not loc or err["type"] == "value_error" and isinstance(err.get("input"), dict):
+            # A rule across fields: the input is the whole mapping, not worth echoing.
+            lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
         else:
             message = err["msg"].removeprefix("Value error, ")
             lines.append(f"field {field!r}: {message} (got {err.get('input')!r})")

@@ -7,6 +7,20 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel, Field
 
+# Figures that get a confidence interval across repeats: LoadSummary has `<name>_ci` for each
+# (percentile fields keep their unit last: ttft_p50_ms -> ttft_p50_ci_ms).
+CI_FIGURES = (
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
+    "itl_p50_ms", "e2e_p50_ms",
+    "requests_per_s", "output_tokens_per_s", "goodput",
+)  # fmt: skip
+
+
+def ci_field(figure: str) -> str:
+    """The LoadSummary field holding the interval of `figure`."""
+    return figure[:-3] + "_ci_ms" if figure.endswith("_ms") else figure + "_ci"
+
 
 class LoadSample(BaseModel):
     """One streamed request as seen by the client."""
@@ -21,12 +35,29 @@ class LoadSample(BaseModel):
     error: str | None = Field(
         default=None, description="Why the request failed; None when it succeeded."
     )
+    end_s: float | None = Field(
+        default=None, description="Wall-clock end (unix seconds), also for failed requests."
+    )
+    scheduled_s: float | None = Field(
+        default=None, description="Open-loop runs: when the arrival process meant it to start."
+    )
+    worker: str | None = Field(
+        default=None, description="Which Locust process sent it (distributed mode)."
+    )
+    repeat: int = Field(default=0, description="Which repeat of the level (0-based).")
 
     @property
     def tpot_ms(self) -> float | None:
         if self.error or self.ttft_ms is None or self.e2e_ms is None or self.output_tokens < 2:
             return None
         return (self.e2e_ms - self.ttft_ms) / (self.output_tokens - 1)
+
+    @property
+    def dispatch_lag_ms(self) -> float | None:
+        """How late an open-loop request left against its scheduled arrival."""
+        if self.scheduled_s is None:
+            return None
+        return max(0.0, (self.start_s - self.scheduled_s) * 1000)
 
 
 class LoadSummary(BaseModel):
@@ -52,6 +83,40 @@ class LoadSummary(BaseModel):
     e2e_p50_ms: float | None = None
     e2e_p90_ms: float | None = None
     e2e_p99_ms: float | None = None
+    # Goodput: share of all requests (failed ones included) that met the profile's SLO.
+    goodput: float | None = Field(default=None, description="Share meeting the SLO; None: no SLO.")
+    goodput_requests_per_s: float | None = Field(
+        default=None, description="Requests per second that met the SLO."
+    )
+    repeats: int = Field(default=1, description="Runs pooled into this summary.")
+    # 95 % Student-t intervals over the per-repeat values; None with a single repeat.
+    ttft_p50_ci_ms: tuple[float, float] | None = None
+    ttft_p90_ci_ms: tuple[float, float] | None = None
+    ttft_p99_ci_ms: tuple[float, float] | None = None
+    tpot_p50_ci_ms: tuple[float, float] | None = None
+    tpot_p90_ci_ms: tuple[float, float] | None = None
+    tpot_p99_ci_ms: tuple[float, float] | None = None
+    itl_p50_ci_ms: tuple[float, float] | None = None
+    e2e_p50_ci_ms: tuple[float, float] | None = None
+    requests_per_s_ci: tuple[float, float] | None = None
+    output_tokens_per_s_ci: tuple[float, float] | None = None
+    goodput_ci: tuple[float, float] | None = None
+
+
+class CapacityStep(BaseModel):
+    """One tried Poisson arrival rate of the capacity search."""
+
+    rate: float = Field(description="Offered rate (requests/s).")
+    achieved_rate: float = Field(description="Requests that started per measured second.")
+    requests: int
+    errors: int
+    goodput: float = Field(description="Share of requests that met the SLO (failures do not).")
+    passed: bool
+    dispatch_lag_p99_ms: float | None = Field(
+        default=None, description="Lateness of arrivals; large means the user pool ran dry."
+    )
+    ttft_p50_ms: float | None = None
+    tpot_p50_ms: float | None = None
 
 
 class LoadResult(BaseModel):
@@ -59,10 +124,40 @@ class LoadResult(BaseModel):
 
     summaries: dict[str, LoadSummary] = Field(default_factory=dict)
     samples: dict[str, list[LoadSample]] = Field(default_factory=dict)
+    max_error_rate: float | None = Field(
+        default=None, description="The profile's error-rate limit the run was measured against."
+    )
+    repeat_summaries: dict[str, list[LoadSummary]] = Field(
+        default_factory=dict, description="Per level, one summary per repeat (CIs come from them)."
+    )
+    capacity_rps: float | None = Field(
+        default=None,
+        description="Highest tried rate meeting the SLO target; None: not searched or even "
+        "min_rate failed (see capacity_note).",
+    )
+    capacity_note: str | None = Field(default=None, description="How the search ended.")
+    capacity_trace: list[CapacityStep] = Field(default_factory=list)
 
     def frame(self, level: str) -> pd.DataFrame:
         rows = [s.model_dump() | {"tpot_ms": s.tpot_ms} for s in self.samples.get(level, [])]
         return pd.DataFrame(rows)
+
+    def error_limit_failures(self, limit: float | None = None) -> list[str]:
+        """Levels whose error rate is over `limit` (default: the profile's), as reasons.
+
+        A level with no requests at all counts as failed: nothing measured is not a pass.
+        """
+        limit = self.max_error_rate if limit is None else limit
+        if limit is None:
+            return []
+        failures = []
+        for level, summary in self.summaries.items():
+            if summary.requests == 0 or summary.error_rate > limit:
+                failures.append(
+                    f"{level}: {summary.errors}/{summary.requests} requests failed "
+                    f"({summary.error_rate:.1%}, limit {limit:.1%})"
+                )
+        return failures
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

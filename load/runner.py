@@ -1,104 +1,158 @@
-"""Run the locustfile once per concurrency level and turn its raw samples into a LoadResult."""
+"""Run the locustfile per concurrency level (and repeat, and rate) and turn raw samples into a LoadResult."""
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from infra.errors import MeasurementError
+from load.capacity import capacity_step, search_capacity
+from load.launch import LOCUSTFILE, locust_env, run_locust, tail
 from load.profile import LoadProfile
-from load.results import LoadResult, LoadSample, LoadSummary
+from load.results import CapacityStep, LoadResult, LoadSample
+from load.stats import (
+    busy_span_s,
+    check_equal_work,
+    measured_count,
+    measured_window,
+    pool_repeats,
+    summarize,
+)
 
-LOCUSTFILE = Path(__file__).parent / "locustfile.py"
+__all__ = [
+    "LOCUSTFILE", "check_equal_work", "measured_window", "read_samples", "run_level",
+    "run_load", "run_rate", "summarize",
+]  # fmt: skip
+
 # Locust runs a little longer than warm-up + measured window, so the window's last moments
 # still see requests start; those started after it are dropped like the warm-up ones.
 RUN_MARGIN_S = 2
-STARTUP_ALLOWANCE_S = 60
-PERCENTILES = (50, 90, 99)
 
 
 def run_load(base_url: str, model: str, profile: LoadProfile, out_dir: Path) -> LoadResult:
-    """Load the server at each level of the profile; raw samples and summaries land in out_dir."""
+    """Load the server at each level (and repeat) of the profile, then search capacity if enabled.
+
+    Raw samples, Locust's HTML reports and load.json land in out_dir.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = LoadResult()
+    result = LoadResult(max_error_rate=profile.max_error_rate)
     for level, users in profile.levels().items():
-        samples = run_level(base_url, model, profile, level, users, out_dir)
-        measured = measured_window(samples, profile.warmup_s, profile.duration_s)
-        if not measured:
-            # Fail closed: an empty window would otherwise read as "no errors, no latency".
-            raise MeasurementError(
-                f"{level}: none of {len(samples)} requests started inside the measured window "
-                f"({profile.warmup_s}s warm-up, then {profile.duration_s}s); requests take "
-                f"longer than the window: raise duration_s or shrink output_tokens"
-            )
-        check_equal_work(measured, profile.output_tokens, level)
-        result.samples[level] = measured
-        result.summaries[level] = summarize(measured, level, users, profile.duration_s)
+        per_repeat: list[list[LoadSample]] = []
+        windows: list[float] = []
+        for repeat in range(profile.repeats):
+            samples = run_level(base_url, model, profile, level, users, out_dir, repeat=repeat)
+            measured, window_s = measured_part(samples, profile, level)
+            check_equal_work(measured, profile.output_tokens, level)
+            per_repeat.append(measured)
+            windows.append(window_s)
+        pooled, each = pool_repeats(per_repeat, windows, level, users, profile.slo)
+        result.samples[level] = [s for samples in per_repeat for s in samples]
+        result.summaries[level] = pooled
+        if profile.repeats > 1:
+            result.repeat_summaries[level] = each
+    if profile.capacity.enabled:
+        capacity, note, trace = find_capacity(base_url, model, profile, out_dir)
+        result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
     result.save(out_dir)
     return result
 
 
-def run_level(
-    base_url: str, model: str, profile: LoadProfile, level: str, users: int, out_dir: Path
-) -> list[LoadSample]:
-    """One headless Locust run; returns every raw sample, warm-up included."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    samples_path = out_dir / f"samples_{level}.jsonl"
-    log_path = out_dir / f"locust_{level}.log"
-    samples_path.unlink(missing_ok=True)
-    run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
-    stop_timeout_s = math.ceil(profile.request_timeout_s)
-    command = [
-        sys.executable, "-m", "locust",
-        "-f", str(LOCUSTFILE),
-        "--headless", "--only-summary",
-        "-u", str(users), "-r", str(users),
-        "-t", f"{run_s}s",
-        "--stop-timeout", str(stop_timeout_s),
-        "--host", base_url.rstrip("/"),
-        "--csv", str(out_dir / f"locust_{level}"),
-        "--html", str(out_dir / f"locust_{level}.html"),
-        # Failed requests are data for the gates, not a reason for a non-zero exit.
-        "--exit-code-on-error", "0",
-    ]  # fmt: skip
-    env = os.environ | {
-        "QG_MODEL": model,
-        "QG_PROMPT_TOKENS": str(profile.prompt_tokens),
-        "QG_OUTPUT_TOKENS": str(profile.output_tokens),
-        "QG_SEED": str(profile.seed),
-        "QG_LEVEL": level,
-        "QG_TIMEOUT_S": str(profile.request_timeout_s),
-        "QG_SAMPLES_FILE": str(samples_path),
-    }
-    timeout_s = run_s + stop_timeout_s + STARTUP_ALLOWANCE_S
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(f"$ {' '.join(command)}\n")
-        log.flush()
-        try:
-            completed = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s
-            )
-        except subprocess.TimeoutExpired as exc:
+def measured_part(
+    samples: list[LoadSample], profile: LoadProfile, level: str
+) -> tuple[list[LoadSample], float]:
+    """The samples that count and the seconds they span; fails closed when none count."""
+    if profile.requests is not None:
+        measured = measured_count(samples, profile.warmup_requests)
+        window_s = busy_span_s(measured)
+        if not measured or window_s <= 0:
             raise MeasurementError(
-                f"locust ({level}, {users} users) ran past {timeout_s}s; log {log_path}:\n{_tail(log_path)}"
-            ) from exc
-    if completed.returncode != 0:
+                f"{level}: {len(samples)} requests finished, none left after "
+                f"{profile.warmup_requests} warm-up requests"
+            )
+        return measured, window_s
+    measured = measured_window(samples, profile.warmup_s, profile.duration_s)
+    if not measured:
+        # Fail closed: an empty window would otherwise read as "no errors, no latency".
         raise MeasurementError(
-            f"locust ({level}, {users} users) exited with {completed.returncode}; "
-            f"log {log_path}:\n{_tail(log_path)}"
+            f"{level}: none of {len(samples)} requests started inside the measured window "
+            f"({profile.warmup_s}s warm-up, then {profile.duration_s}s); requests take "
+            f"longer than the window: raise duration_s or shrink output_tokens"
         )
-    samples = read_samples(samples_path)
+    return measured, profile.duration_s
+
+
+def level_tag(level: str, repeat: int) -> str:
+    """File-name tag of one run: 'high' for the first repeat, 'high-r2' for the second..."""
+    return level if repeat == 0 else f"{level}-r{repeat + 1}"
+
+
+def run_level(
+    base_url: str,
+    model: str,
+    profile: LoadProfile,
+    level: str,
+    users: int,
+    out_dir: Path,
+    *,
+    repeat: int = 0,
+) -> list[LoadSample]:
+    """One closed-loop Locust run (local or distributed); every raw sample, warm-up included."""
+    tag = level_tag(level, repeat)
+    samples_path = out_dir / f"samples_{tag}.jsonl"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path.unlink(missing_ok=True)
+    stop_timeout_s = math.ceil(profile.request_timeout_s)
+    if profile.requests is not None:
+        budget = profile.warmup_requests + profile.requests
+        # The run quits itself once the budget is spent; this is only a safety limit.
+        run_s = math.ceil(profile.request_timeout_s * math.ceil(budget / users)) + RUN_MARGIN_S
+    else:
+        budget = 0
+        run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
+    env = locust_env(model, profile, tag, samples_path, users, max_requests=budget)
+    log_path = run_locust(
+        base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers
+    )
+    samples = [s.model_copy(update={"repeat": repeat}) for s in read_samples(samples_path)]
     if not samples:
         raise MeasurementError(
-            f"locust ({level}, {users} users) recorded no requests; log {log_path}:\n{_tail(log_path)}"
+            f"locust ({tag}, {users} users) recorded no requests; log {log_path}:\n{tail(log_path)}"
         )
     return samples
+
+
+def run_rate(
+    base_url: str, model: str, profile: LoadProfile, rate: float, out_dir: Path
+) -> list[LoadSample]:
+    """One open-loop run: Poisson arrivals at `rate` req/s from capacity.pool_users users."""
+    search = profile.capacity
+    tag = f"rate-{rate:.4g}"
+    samples_path = out_dir / f"samples_{tag}.jsonl"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path.unlink(missing_ok=True)
+    users = search.pool_users
+    run_s = math.ceil(search.warmup_s + search.duration_s) + RUN_MARGIN_S
+    env = locust_env(model, profile, tag, samples_path, users, rate=rate)
+    stop_timeout_s = math.ceil(profile.request_timeout_s)
+    run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers)
+    return read_samples(samples_path)
+
+
+def find_capacity(
+    base_url: str, model: str, profile: LoadProfile, out_dir: Path
+) -> tuple[float | None, str, list[CapacityStep]]:
+    """Bounded search for the highest rate at which capacity.target of requests meet the SLO."""
+    search = profile.capacity
+    if profile.slo is None:  # the profile validator refuses this; kept for direct callers
+        raise MeasurementError("a capacity search needs an SLO in the profile")
+
+    def evaluate(rate: float) -> CapacityStep:
+        samples = run_rate(base_url, model, profile, rate, out_dir)
+        # Judged on every request that arrived in the window, failed and late ones included.
+        measured = measured_window(samples, search.warmup_s, search.duration_s)
+        return capacity_step(rate, measured, search.duration_s, profile.slo, search.target)
+
+    return search_capacity(evaluate, search.min_rate, search.max_rate, search.iterations)
 
 
 def read_samples(path: Path) -> list[LoadSample]:
@@ -107,59 +161,3 @@ def read_samples(path: Path) -> list[LoadSample]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
     return [LoadSample.model_validate_json(line) for line in lines if line.strip()]
-
-
-def measured_window(samples: Sequence[LoadSample], warmup_s: float, duration_s: float) -> list[LoadSample]:
-    """Samples that started inside the measured window, which opens warmup_s after the first."""
-    if not samples:
-        return []
-    opens = min(s.start_s for s in samples) + warmup_s
-    closes = opens + duration_s
-    return [s for s in samples if opens <= s.start_s < closes]
-
-
-def check_equal_work(samples: Sequence[LoadSample], output_tokens: int, level: str) -> None:
-    """Every stage must do the same work; an engine that stops early makes timings incomparable."""
-    short = [s.output_tokens for s in samples if s.error is None and s.output_tokens != output_tokens]
-    if short:
-        raise MeasurementError(
-            f"{level}: {len(short)} requests returned {sorted(set(short))} output tokens instead "
-            f"of {output_tokens}; does the engine honour ignore_eos and max_tokens?"
-        )
-
-
-def summarize(samples: Sequence[LoadSample], level: str, users: int, window_s: float) -> LoadSummary:
-    """Percentiles and rates of one level's measured samples (pure; window_s > 0)."""
-    if window_s <= 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
-    ok = [s for s in samples if s.error is None]
-    errors = len(samples) - len(ok)
-    figures: dict[str, float | None] = {}
-    series = {
-        "ttft": [s.ttft_ms for s in ok if s.ttft_ms is not None],
-        "tpot": [s.tpot_ms for s in ok if s.tpot_ms is not None],
-        "itl": [gap for s in ok for gap in s.itl_ms],
-        "e2e": [s.e2e_ms for s in ok if s.e2e_ms is not None],
-    }
-    for name, values in series.items():
-        points = np.percentile(values, PERCENTILES) if values else [None] * len(PERCENTILES)
-        for pct, value in zip(PERCENTILES, points, strict=True):
-            figures[f"{name}_p{pct}_ms"] = None if value is None else float(value)
-    return LoadSummary(
-        level=level,
-        users=users,
-        requests=len(samples),
-        errors=errors,
-        error_rate=errors / len(samples) if samples else 0.0,
-        duration_s=window_s,
-        requests_per_s=len(ok) / window_s,
-        output_tokens_per_s=sum(s.output_tokens for s in ok) / window_s,
-        **figures,
-    )
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

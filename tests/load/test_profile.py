@@ -33,7 +33,8 @@ def test_bundled_profiles_have_the_documented_shape():
     assert (demo.warmup_s, demo.duration_s) == (5, 30)
     ci = load_profile("ci")
     assert (ci.high_users, ci.prompt_tokens, ci.output_tokens) == (4, 128, 32)
-    assert (ci.warmup_s, ci.duration_s) == (3, 15)
+    assert (ci.requests, ci.warmup_requests, ci.duration_s) == (12, 2, None)
+    assert ci.slo is not None and demo.slo is not None
     assert ci.levels() == {"low": 1, "high": 4}
 
 
@@ -68,9 +69,60 @@ def test_bad_values_name_the_file_and_the_field(tmp_path, change, expected):
 
 
 def test_missing_required_field(tmp_path):
-    text = "\n".join(line for line in GOOD.splitlines() if not line.startswith("duration_s"))
-    with pytest.raises(SpecError, match=r"field 'duration_s': required"):
+    text = "\n".join(line for line in GOOD.splitlines() if not line.startswith("high_users"))
+    with pytest.raises(SpecError, match=r"field 'high_users': required"):
         load_profile(write(tmp_path, text))
+
+
+def test_duration_or_request_count_but_not_both(tmp_path):
+    text = "\n".join(line for line in GOOD.splitlines() if not line.startswith("duration_s"))
+    with pytest.raises(SpecError, match=r"set exactly one of duration_s .* or requests"):
+        load_profile(write(tmp_path, text))
+    with pytest.raises(SpecError, match=r"set exactly one of duration_s"):
+        load_profile(write(tmp_path, GOOD + "requests: 10\n"))
+    counted = load_profile(write(tmp_path, text + "\nrequests: 10\nwarmup_requests: 2\n"))
+    assert (counted.requests, counted.warmup_requests, counted.duration_s) == (10, 2, None)
+
+
+def test_new_fields_default_to_a_short_single_process_run(tmp_path):
+    profile = load_profile(write(tmp_path, GOOD))
+    assert (profile.repeats, profile.workers, profile.slo) == (1, 0, None)
+    assert profile.capacity.enabled is False
+
+
+def test_slo_capacity_repeats_and_workers_load(tmp_path):
+    text = GOOD + (
+        "repeats: 3\nworkers: 2\nslo: {ttft_ms: 500, tpot_ms: 80}\n"
+        "capacity: {enabled: true, min_rate: 0.5, max_rate: 4, iterations: 3, duration_s: 10}\n"
+    )
+    profile = load_profile(write(tmp_path, text))
+    assert (profile.slo.ttft_ms, profile.slo.tpot_ms) == (500, 80)
+    assert (profile.capacity.min_rate, profile.capacity.max_rate, profile.capacity.target) == (0.5, 4, 0.99)
+    assert (profile.repeats, profile.workers) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("slo: {}\n", r"slo: an SLO needs ttft_ms, tpot_ms or both"),
+        ("slo: {ttft: 100}\n", r"unknown field 'slo.ttft'; did you mean 'ttft_ms'"),
+        ("slo: {ttft_ms: -1}\n", r"field 'slo.ttft_ms': .*greater than 0"),
+        ("capacity: {enabled: true}\n", r"capacity.enabled needs an slo"),
+        ("capacity: {min_rate: 4, max_rate: 2}\n", r"capacity: max_rate \(2.0\) must be > min_rate"),
+        ("capacity: {target: 1.5}\n", r"field 'capacity.target': .*less than or equal to 1"),
+        ("repeats: 0\n", r"field 'repeats': .*greater than or equal to 1"),
+        ("workers: -1\n", r"field 'workers': .*greater than or equal to 0"),
+    ],
+)
+def test_bad_new_fields_are_named(tmp_path, extra, expected):
+    with pytest.raises(SpecError, match=expected):
+        load_profile(write(tmp_path, GOOD + extra))
+
+
+def test_distributed_runs_need_a_duration(tmp_path):
+    text = "\n".join(line for line in GOOD.splitlines() if not line.startswith("duration_s"))
+    with pytest.raises(SpecError, match=r"distributed mode \(workers: 2\) needs duration_s"):
+        load_profile(write(tmp_path, text + "\nrequests: 10\nworkers: 2\n"))
 
 
 def test_not_a_mapping_and_bad_yaml(tmp_path):

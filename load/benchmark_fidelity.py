@@ -1,0 +1,189 @@
+"""Fidelity benchmark: quantgate's Locust numbers against `vllm bench serve`, same server, same work.
+
+    flock /tmp/qg/engine.lock python -m load.benchmark_fidelity --model-dir models/smollm2-135m-bf16
+
+Starts a vLLM server (or uses --base-url), then per concurrency runs both clients with the same
+random-token workload (prompt and output lengths, ignore_eos, closed loop at the same
+concurrency, same request count and warm-up count) and prints TTFT/TPOT medians, output
+throughput and quantgate/vLLM ratios. Goal: medians within ±5 %, throughput ratio >= 0.95.
+With --rounds 2 or more the two clients run in ABBA order, so a drifting server (a shared
+machine) does not favour one side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.vllm_engine import log_tail
+from load.profile import LoadProfile
+from load.runner import measured_part, run_level
+from load.stats import summarize
+
+TTFT_TPOT_TOLERANCE = 0.05
+MIN_THROUGHPUT_RATIO = 0.95
+
+
+def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, out: Path) -> dict:
+    level = f"c{users}"
+    samples = run_level(base_url, model, profile, level, users, out)
+    measured, span_s = measured_part(samples, profile, level)
+    summary = summarize(measured, level, users, span_s)
+    return {
+        "requests": summary.requests,
+        "errors": summary.errors,
+        "median_ttft_ms": summary.ttft_p50_ms,
+        "median_tpot_ms": summary.tpot_p50_ms,
+        "output_throughput": summary.output_tokens_per_s,
+        "request_throughput": summary.requests_per_s,
+        "duration_s": span_s,
+    }
+
+
+def vllm_side(
+    base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: int, out: Path
+) -> dict:
+    name = f"vllm_bench_c{users}.json"
+    command = [
+        sys.executable, "-m", "load.vllm_bench", "bench", "serve",
+        "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base_url,
+        "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(profile.prompt_tokens),
+        "--random-output-len", str(profile.output_tokens), "--random-range-ratio", "0",
+        "--ignore-eos", "--temperature", "0",
+        "--max-concurrency", str(users), "--request-rate", "inf",
+        "--num-prompts", str(profile.requests), "--num-warmups", str(profile.warmup_requests),
+        "--seed", str(profile.seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", name,
+    ]  # fmt: skip
+    log_path = out / f"vllm_bench_c{users}.log"
+    env = os.environ | {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
+                        "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    with open(log_path, "w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                              timeout=1800).returncode
+    if code != 0:
+        raise SystemExit(f"vllm bench serve exited with {code}; log {log_path}:\n{log_tail(log_path, 30)}")
+    data = json.loads((out / name).read_text())
+    return {
+        "requests": data["completed"],
+        "errors": data.get("failed", 0),
+        "median_ttft_ms": data["median_ttft_ms"],
+        "median_tpot_ms": data["median_tpot_ms"],
+        "output_throughput": data["output_throughput"],
+        "request_throughput": data["request_throughput"],
+        "duration_s": data["duration"],
+    }
+
+
+def ratios(ours: dict, theirs: dict) -> dict:
+    keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
+    return {key: ours[key] / theirs[key] if ours[key] and theirs[key] else None for key in keys}
+
+
+def verdict(ratio: dict) -> bool:
+    ttft, tpot, tput = ratio["median_ttft_ms"], ratio["median_tpot_ms"], ratio["output_throughput"]
+    if None in (ttft, tpot, tput):
+        return False
+    return (
+        abs(ttft - 1) <= TTFT_TPOT_TOLERANCE
+        and abs(tpot - 1) <= TTFT_TPOT_TOLERANCE
+        and tput >= MIN_THROUGHPUT_RATIO
+    )
+
+
+def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: list[int],
+            out: Path, rounds: int = 1) -> list[dict]:
+    """Per concurrency, `rounds` runs of each side in ABBA order; medians and rates averaged.
+
+    On a shared machine the server's speed drifts; ABBA order cancels a linear drift.
+    """
+    rows = []
+    for concurrency in users:
+        runs: dict[str, list[dict]] = {"quantgate": [], "vllm": []}
+        order = [side for r in range(rounds)
+                 for side in (("quantgate", "vllm") if r % 2 == 0 else ("vllm", "quantgate"))]
+        for index, side in enumerate(order):
+            run_out = out / f"c{concurrency}-run{index + 1}"
+            run_out.mkdir(parents=True, exist_ok=True)
+            if side == "quantgate":
+                figures = quantgate_side(base_url, model, profile, concurrency, run_out)
+            else:
+                figures = vllm_side(base_url, model, tokenizer, profile, concurrency, run_out)
+            runs[side].append(figures)
+            print(f"c={concurrency} run {index + 1} {side}: {json.dumps(figures)}", flush=True)
+        sides = {side: _mean(figures) for side, figures in runs.items()}
+        ratio = ratios(sides["quantgate"], sides["vllm"])
+        rows.append({"concurrency": concurrency, "order": order, "runs": runs, **sides,
+                     "ratio": ratio, "within_goal": verdict(ratio)})
+    return rows
+
+
+def _mean(figures: list[dict]) -> dict:
+    return {key: sum(f[key] for f in figures) / len(figures) for key in figures[0]}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'conc':>4} {'side':>9} {'TTFT p50 ms':>12} {'TPOT p50 ms':>12} {'out tok/s':>10} {'req':>5}")
+    for row in rows:
+        for side in ("quantgate", "vllm"):
+            s = row[side]
+            print(f"{row['concurrency']:>4} {side:>9} {s['median_ttft_ms']:>12.2f} "
+                  f"{s['median_tpot_ms']:>12.2f} {s['output_throughput']:>10.2f} {s['requests']:>5}")
+        r = row["ratio"]
+        print(f"{row['concurrency']:>4} {'ratio':>9} {r['median_ttft_ms']:>12.3f} "
+              f"{r['median_tpot_ms']:>12.3f} {r['output_throughput']:>10.3f}  "
+              f"{'within goal' if row['within_goal'] else 'MISSES goal'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("models/smollm2-135m-bf16"))
+    parser.add_argument("--base-url", help="Use this running server instead of starting one.")
+    parser.add_argument("--port", type=int, default=8105)
+    parser.add_argument("--concurrency", default="1,4", help="Comma-separated, e.g. 1,4")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--warmup-requests", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1, help="Runs per side, in ABBA order.")
+    parser.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+    args = parser.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the server and Locust are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    users = [int(c) for c in args.concurrency.split(",")]
+    profile = LoadProfile(
+        low_users=min(users), high_users=max(users), prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens, requests=args.requests,
+        warmup_requests=args.warmup_requests, request_timeout_s=300,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = str(args.model_dir.resolve())
+    if args.base_url:
+        from infra.probe import get_json
+
+        model = get_json(args.base_url, "/v1/models")["data"][0]["id"]
+        rows = compare(args.base_url, model, tokenizer, profile, users, args.out, args.rounds)
+    else:
+        from flows.spec import EngineFlags, VllmEngineSpec
+        from infra.vllm_engine import VllmEngine
+
+        spec = VllmEngineSpec(port=args.port, enforce_eager=True, omp_threads_bind="0-1",
+                              kv_cache_space_gib=1)
+        engine = VllmEngine(spec, args.model_dir.resolve(), EngineFlags(), args.out / "engine.log")
+        with engine as facts:
+            print(f"server healthy in {facts.startup_s}s: {facts.base_url} ({facts.model})", flush=True)
+            rows = compare(facts.base_url, facts.model, tokenizer, profile, users, args.out,
+                           args.rounds)
+    (args.out / "fidelity.json").write_text(json.dumps(rows, indent=1))
+    print_table(rows)
+    return 0 if all(row["within_goal"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Capacity under an SLO: the highest Poisson arrival rate at which enough requests meet it.
+
+A bounded search in the manner of `vllm bench sweep` and GuideLLM: try min_rate (if even that
+fails there is no capacity to report), then max_rate (if that passes, capacity is at least
+max_rate: the search is censored), then bisect geometrically between the highest passing and
+the lowest failing rate. It assumes goodput falls as the rate rises; the trace keeps every step
+so a non-monotone result is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from load.profile import Slo
+from load.results import CapacityStep, LoadSample
+from load.stats import goodput
+
+# Arrivals that leave this late mean the user pool ran dry: the offered traffic was no longer
+# Poisson at the nominal rate, so the step fails rather than claim a rate it did not offer.
+MAX_DISPATCH_LAG_MS = 100.0
+
+
+def capacity_step(
+    rate: float, samples: Sequence[LoadSample], window_s: float, slo: Slo, target: float
+) -> CapacityStep:
+    """Judge one tried rate from the samples that started in its measured window."""
+    share = goodput(samples, slo) or 0.0
+    lags = [s.dispatch_lag_ms for s in samples if s.dispatch_lag_ms is not None]
+    lag_p99 = float(np.percentile(lags, 99)) if lags else None
+    ok = [s for s in samples if s.error is None]
+    ttfts = [s.ttft_ms for s in ok if s.ttft_ms is not None]
+    tpots = [s.tpot_ms for s in ok if s.tpot_ms is not None]
+    return CapacityStep(
+        rate=rate,
+        achieved_rate=len(samples) / window_s,
+        requests=len(samples),
+        errors=len(samples) - len(ok),
+        goodput=share,
+        passed=bool(samples) and share >= target and (lag_p99 or 0.0) <= MAX_DISPATCH_LAG_MS,
+        dispatch_lag_p99_ms=lag_p99,
+        ttft_p50_ms=float(np.median(ttfts)) if ttfts else None,
+        tpot_p50_ms=float(np.median(tpots)) if tpots else None,
+    )
+
+
+def search_capacity(
+    evaluate: Callable[[float], CapacityStep], min_rate: float, max_rate: float, iterations: int
+) -> tuple[float | None, str, list[CapacityStep]]:
+    """(capacity or None, how the search ended, every step tried) for a rate -> step judge."""
+    trace: list[CapacityStep] = []
+
+    def tried(rate: float) -> CapacityStep:
+        step = evaluate(rate)
+        trace.append(step)
+        return step
+
+    if not tried(min_rate).passed:
+        return None, f"even min_rate {min_rate:g} req/s misses the SLO target", trace
+    if tried(max_rate).passed:
+        return max_rate, f"max_rate {max_rate:g} req/s still meets the target (censored)", trace
+    low, high = min_rate, max_rate
+    for _ in range(iterations):
+        middle = math.sqrt(low * high)
+        if tried(middle).passed:
+            low = middle
+        else:
+            high = middle
+    return low, f"between {low:.3g} (passes) and {high:.3g} (fails) req/s", trace

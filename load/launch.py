@@ -1,0 +1,168 @@
+"""Start Locust as subprocesses: one headless process, or a master with N workers on this host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.errors import MeasurementError
+from load.profile import LoadProfile
+
+LOCUSTFILE = Path(__file__).parent / "locustfile.py"
+STARTUP_ALLOWANCE_S = 60
+WORKER_CONNECT_WAIT_S = 60
+
+
+def locust_env(
+    model: str,
+    profile: LoadProfile,
+    tag: str,
+    samples_path: Path | None,
+    users: int,
+    *,
+    max_requests: int = 0,
+    rate: float = 0.0,
+) -> dict[str, str]:
+    """The QG_* variables the locustfile reads (see load/locustfile.py)."""
+    return {
+        "QG_MODEL": model,
+        "QG_PROMPT_TOKENS": str(profile.prompt_tokens),
+        "QG_OUTPUT_TOKENS": str(profile.output_tokens),
+        "QG_SEED": str(profile.seed),
+        "QG_LEVEL": tag,
+        "QG_TIMEOUT_S": str(profile.request_timeout_s),
+        "QG_SAMPLES_FILE": str(samples_path) if samples_path else "",
+        "QG_MAX_REQUESTS": str(max_requests),
+        "QG_RATE": repr(float(rate)),
+        "QG_TOTAL_USERS": str(users),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def headless_command(
+    base_url: str, users: int, run_s: int, stop_timeout_s: int, out_dir: Path, tag: str
+) -> list[str]:
+    return [
+        sys.executable, "-m", "locust",
+        "-f", str(LOCUSTFILE),
+        "--headless", "--only-summary",
+        "-u", str(users), "-r", str(users),
+        "-t", f"{run_s}s",
+        "--stop-timeout", str(stop_timeout_s),
+        "--host", base_url.rstrip("/"),
+        "--csv", str(out_dir / f"locust_{tag}"),
+        "--html", str(out_dir / f"locust_{tag}.html"),
+        # Failed requests are data for the gates, not a reason for a non-zero exit.
+        "--exit-code-on-error", "0",
+    ]  # fmt: skip
+
+
+def worker_command(base_url: str, master_port: int) -> list[str]:
+    """One worker; on another machine use the master's address instead of 127.0.0.1."""
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
+        "--master-host", "127.0.0.1", "--master-port", str(master_port),
+        "--host", base_url.rstrip("/"),
+    ]  # fmt: skip
+
+
+def run_locust(
+    base_url: str,
+    env: dict[str, str],
+    users: int,
+    run_s: int,
+    stop_timeout_s: int,
+    out_dir: Path,
+    tag: str,
+    workers: int = 0,
+) -> Path:
+    """Run Locust to completion (local, or master + `workers` workers); returns the master log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / f"locust_{tag}.log"
+    command = headless_command(base_url, users, run_s, stop_timeout_s, out_dir, tag)
+    what = f"locust ({tag}, {users} users{f', {workers} workers' if workers else ''})"
+    timeout_s = run_s + stop_timeout_s + STARTUP_ALLOWANCE_S
+    worker_processes: list[subprocess.Popen] = []
+    if workers:
+        port = free_port()
+        # The master ends the run itself, gracefully; -t stays on as a safety net only.
+        env = env | {"QG_MASTER_RUN_S": str(run_s)}
+        safety_s = run_s + stop_timeout_s + 30
+        command[command.index("-t") + 1] = f"{safety_s}s"
+        timeout_s += stop_timeout_s + 30
+        command += [
+            "--master", "--expect-workers", str(workers),
+            "--expect-workers-max-wait", str(WORKER_CONNECT_WAIT_S),
+            "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+        ]  # fmt: skip
+        timeout_s += WORKER_CONNECT_WAIT_S
+    full_env = os.environ | env
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            master = _spawn(command, log, full_env)
+            for index in range(workers):
+                worker_log = out_dir / f"locust_{tag}_worker{index}.log"
+                with open(worker_log, "w", encoding="utf-8") as wlog:
+                    worker_processes.append(_spawn(worker_command(base_url, port), wlog, full_env))
+            try:
+                code = master.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                stop_process(master, grace_s=0)
+                raise MeasurementError(
+                    f"{what} ran past {timeout_s}s; log {log_path}:\n{tail(log_path)}"
+                ) from exc
+            except BaseException:  # interrupted (Ctrl-C, SIGTERM as SystemExit): no orphans
+                stop_process(master, grace_s=0)
+                raise
+    finally:
+        # The master only ends after every worker reported its users stopped (their samples
+        # arrived before that report), so whatever workers still do is no longer needed.
+        for worker in worker_processes:
+            stop_process(worker, grace_s=2)
+    if code != 0:
+        raise MeasurementError(f"{what} exited with {code}; log {log_path}:\n{tail(log_path)}")
+    return log_path
+
+
+def _spawn(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:
+    # Own process group: a stop reaches gevent's helpers too, and never this process.
+    return subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
+    """Wait a little (workers quit on their own after the master), then TERM, then KILL."""
+    deadline = time.monotonic() + grace_s
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
