@@ -19,7 +19,7 @@ from infra.errors import MeasurementError
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 LOGPROBS_FILE = "perplexity_logprobs.json"
 RESULT_FILE = "perplexity.json"
-TOP_LOGPROBS = 5
+TOP_LOGPROBS = 20  # vLLM's default --max-logprobs; more alternatives give a tighter KL
 
 
 class TextPerplexity(BaseModel):

@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from evalsets.divergence import divergence
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
-from infra.errors import MeasurementError
+from infra.errors import MeasurementError, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,27 @@ def load_task_config(spec: EvalSetSpec) -> dict[str, Any]:
         config["dataset_kwargs"]["data_files"] = str((info.folder / data_files).resolve())
     if spec.max_gen_toks is not None:
         config.setdefault("generation_kwargs", {})["max_gen_toks"] = spec.max_gen_toks
+    if spec.groups is not None:
+        config["process_docs"] = _only_groups(group_field(spec), spec.groups, spec.name)
     return config
+
+
+def group_field(spec: EvalSetSpec) -> str | None:
+    """The doc field that names an item's sub-group (e.g. 'bucket'), from the set's contract."""
+    from evalsets.contracts import load_contract
+
+    return load_contract(spec.info).group
+
+
+def _only_groups(field: str | None, groups: list[str], name: str) -> Callable[[Any], Any]:
+    if field is None:
+        raise MeasurementError(f"eval set {name!r} declares no group field; cannot select groups")
+    wanted = set(groups)
+
+    def process_docs(dataset: Any) -> Any:
+        return dataset.filter(lambda doc: str(doc[field]) in wanted)
+
+    return process_docs
 
 
 def primary_metric(config: dict[str, Any]) -> str:
@@ -88,12 +109,14 @@ def samples_to_items(
     max_gen_toks: int,
     count_tokens: Callable[[str], int] | None = None,
     server_finish: dict[str, ServerFinish] | None = None,
+    group_field: str | None = None,
 ) -> list[QualityItem]:
     """lm-eval's logged samples as QualityItems, in doc order; ids must be present and unique.
 
     Output tokens and finish reason come from the server when it reported them for that exact
     response text; otherwise tokens are counted with `count_tokens` and a response that used the
-    whole budget counts as cut off ('length').
+    whole budget counts as cut off ('length'). `group_field` names the doc field copied into
+    `QualityItem.group` (a long-context bucket, say).
     """
     items = []
     for sample in sorted(samples, key=lambda s: s["doc_id"]):
@@ -122,6 +145,8 @@ def samples_to_items(
                 score=float(sample[metric]),
                 output_tokens=tokens,
                 finish_reason=finish,
+                group=str(doc[group_field]) if group_field and doc.get(group_field) is not None
+                else None,
             )
         )
     ids = [item.id for item in items]
@@ -257,7 +282,8 @@ def run_evalset(
 
     _save_raw(results, out_dir / spec.name)
     items = samples_to_items(
-        results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish
+        results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish,
+        group_field(spec),
     )
     if not items:
         raise MeasurementError(f"quality: eval set {spec.name!r} produced no items")
@@ -278,9 +304,29 @@ def run_quality(
     apply_chat_template: bool = True,
     num_concurrent: int = 4,
     with_perplexity: bool = True,
+    max_model_len: int | None = None,
+    baseline_dir: Path | None = None,
 ) -> QualityResult:
-    """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`."""
+    """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
+
+    With `max_model_len` (the served context), groups whose prompts cannot fit are left out
+    (long-context buckets beyond the engine's context), logged, never silently truncated.
+    With `baseline_dir` (the baseline stage's quality folder) and perplexity on, the stage's
+    KL divergence and top-1 agreement to the baseline are added; if they cannot be computed
+    (say, another tokenizer) `divergence` stays None, which the gates treat as missing.
+    """
+    from evalsets.contracts import fit_to_context
+
     check_server(base_url, model)
+    try:
+        fitted = fit_to_context(sets, max_model_len)
+    except SpecError as err:
+        raise MeasurementError(f"quality: {err}") from err
+    for before, after in zip(sets, fitted, strict=True):
+        if after.groups != before.groups:
+            log.warning("quality: %s limited to groups %s by max_model_len %s",
+                        after.name, ", ".join(after.groups or []), max_model_len)
+    sets = fitted
     count_tokens = token_counter(tokenizer_dir)
     result = QualityResult()
     for spec in sets:
@@ -290,5 +336,10 @@ def run_quality(
         )
     if with_perplexity:
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
+        if baseline_dir is not None:
+            try:
+                result.divergence = divergence(out_dir, baseline_dir)
+            except MeasurementError as err:
+                log.error("quality: no divergence to the baseline: %s", err)
     result.save(out_dir)
     return result

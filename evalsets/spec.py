@@ -55,6 +55,12 @@ class EvalSetSpec(BaseModel):
         default=None, gt=0, description="Override the task's generation budget in tokens."
     )
 
+    groups: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Use only items of these groups (e.g. long-context buckets '512', '1k').",
+    )
+
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:

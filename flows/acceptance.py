@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from evalsets.contracts import validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.plan import Stage, plan
@@ -34,6 +35,7 @@ class Prepared:
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
         self.stages: list[Stage] = plan(self.spec)
+        validate_sets(self.spec.evalsets)
         engine = self.spec.engine
         if engine.kind == "vllm" and engine.device == "cpu":
             flags = cpu_flags()
@@ -53,10 +55,13 @@ class Prepared:
 def measure_quality(
     facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings
 ) -> QualityResult:
+    # Divergence pairs this stage's corpus logprobs with the baseline's, stored beside it.
+    baseline = None if stage.parent is None else folder.parent / "baseline" / "quality"
     return run_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
-        num_concurrent=settings.num_concurrent,
+        num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
+        baseline_dir=baseline,
     )
 
 

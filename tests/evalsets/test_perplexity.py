@@ -86,7 +86,8 @@ def test_measure_writes_results_and_logprobs(tmp_path, monkeypatch):
         lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw),
     )
     result = measure_perplexity("http://fake", "m", tmp_path)
-    assert [(r["echo"], r["max_tokens"], r["logprobs"]) for r in requests] == [(True, 1, 5)] * 3
+    sent = [(r["echo"], r["max_tokens"], r["logprobs"]) for r in requests]
+    assert sent == [(True, 1, perplexity.TOP_LOGPROBS)] * 3
     assert result.tokens == 30
     assert result.perplexity == pytest.approx(math.exp(0.5))
     saved = json.loads((tmp_path / "perplexity_logprobs.json").read_text())

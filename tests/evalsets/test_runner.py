@@ -12,6 +12,7 @@ from evalsets.results import QualityResult, TaskQuality
 from evalsets.runner import (
     ServerFinish,
     check_server,
+    group_field,
     load_task_config,
     primary_metric,
     prompt_hash,
@@ -145,3 +146,59 @@ def test_recording_model_keeps_finish_reason_and_tokens(chat):
         "The answer is 5": ServerFinish("stop", 5),
         "and so on and": ServerFinish("length", 96),
     }
+
+
+def test_group_comes_from_the_declared_doc_field():
+    sample = _sample(0, "lc-512-000", "12345", 1.0)
+    sample["doc"]["bucket"] = "512"
+    (item,) = samples_to_items([sample], "exact_match", 8, group_field="bucket")
+    assert item.group == "512"
+    (plain,) = samples_to_items([_sample(0, "a", "5", 1.0)], "exact_match", 8)
+    assert plain.group is None
+
+
+def test_long_context_groups_field_and_selection():
+    spec = EvalSetSpec(name="long_context", groups=["512", "2k"])
+    assert group_field(spec) == "bucket"
+    config = load_task_config(spec)
+    docs = [{"bucket": b} for b in ("512", "1k", "2k", "4k")]
+
+    class Rows(list):
+        def filter(self, keep):
+            return Rows(row for row in self if keep(row))
+
+    assert config["process_docs"](Rows(docs)) == [{"bucket": "512"}, {"bucket": "2k"}]
+    assert "process_docs" not in load_task_config(EvalSetSpec(name="long_context"))
+
+
+def test_selecting_groups_needs_a_group_field():
+    with pytest.raises(MeasurementError, match="declares no group field"):
+        load_task_config(EvalSetSpec(name="math", groups=["a"]))
+
+
+def test_run_quality_adds_divergence_to_the_baseline(tmp_path, monkeypatch):
+    from evalsets import runner
+    from evalsets.perplexity import LOGPROBS_FILE, PerplexityResult
+
+    logprobs = {"model": "m", "top_logprobs": 5, "texts": {"t": {
+        "tokens": ["token_id:1", "token_id:2"], "logprobs": [-0.1, -0.2],
+        "top": [{"token_id:1": -0.1}, {"token_id:2": -0.2}]}}}
+
+    def fake_perplexity(base_url, model, out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / LOGPROBS_FILE).write_text(json.dumps(logprobs))
+        return PerplexityResult(texts=[], tokens=2, sum_logprob=-0.3, perplexity=1.16)
+
+    monkeypatch.setattr(runner, "check_server", lambda *a: None)
+    monkeypatch.setattr(runner, "token_counter", lambda *a: None)
+    monkeypatch.setattr(runner, "measure_perplexity", fake_perplexity)
+    base = runner.run_quality("http://x", "m", [], tmp_path / "base", tmp_path)
+    assert base.divergence is None
+    stage = runner.run_quality("http://x", "m", [], tmp_path / "stage", tmp_path,
+                               baseline_dir=tmp_path / "base")
+    assert stage.divergence.mean_kl == 0.0 and stage.divergence.top1_agreement == 1.0
+    assert QualityResult.read(tmp_path / "stage").divergence == stage.divergence
+    logprobs["texts"]["t"]["tokens"][1] = "token_id:9"  # another tokenizer: no divergence
+    other = runner.run_quality("http://x", "m", [], tmp_path / "other", tmp_path,
+                               baseline_dir=tmp_path / "base")
+    assert other.divergence is None

@@ -24,12 +24,12 @@ def test_unknown_name_lists_valid_names():
 
 
 def test_unrelated_name_lists_all_valid_names():
-    with pytest.raises(ValidationError, match=r"valid: math"):
+    with pytest.raises(ValidationError, match=r"valid: .*long_context, math"):
         EvalSetSpec(name="legal-qa")
 
 
 def test_get_evalset_raises_spec_error():
-    with pytest.raises(SpecError, match="valid: math"):
+    with pytest.raises(SpecError, match="valid: .*long_context, math"):
         get_evalset("nope")
 
 
@@ -49,3 +49,10 @@ def test_new_folder_is_a_new_set(tmp_path):
     (tmp_path / "business" / "task.yaml").write_text("task: qg_business\n")
     (tmp_path / "notes").mkdir()
     assert list(registry(tmp_path)) == ["business"]
+
+
+def test_long_context_is_registered_and_groups_must_be_non_empty():
+    assert "long_context" in registry()
+    assert EvalSetSpec(name="long_context", groups=["512"]).groups == ["512"]
+    with pytest.raises(ValidationError, match="groups"):
+        EvalSetSpec(name="long_context", groups=[])

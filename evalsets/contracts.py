@@ -1,0 +1,304 @@
+"""Data contracts of the eval sets: Great Expectations suites run before any engine starts.
+
+What a set's rows must hold is declared, not coded: a `contract.yaml` next to the set's
+`task.yaml` names the id field, the fields that feed the prompt, the reference fields, and
+optionally a group field with per-group token-length bounds (long-context buckets). Without a
+`contract.yaml` the contract is read off `task.yaml`: the id is `id`, the prompt fields are the
+template variables of `doc_to_text`, the references those of `doc_to_target`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, model_validator
+
+from evalsets.spec import EvalSetInfo, EvalSetSpec
+from infra.errors import SpecError, did_you_mean
+from infra.yamlfile import load_model
+
+CONTRACT_FILE = "contract.yaml"
+INSTALL_HINT = "great_expectations is missing: pip install great-expectations"
+# Chat template tokens around the prompt, with room to spare (SmolLM2's ChatML adds 30).
+TEMPLATE_MARGIN_TOKENS = 64
+_TEMPLATE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)")
+_NOT_BLANK = r"\S"
+
+
+class LengthRule(BaseModel):
+    """Every row's measured token count lies inside its group's declared bounds."""
+
+    model_config = {"extra": "forbid"}
+
+    field: str = Field(description="Column with the prompt's token count measured at generation.")
+    bounds: dict[str, tuple[int, int]] = Field(
+        description="Group name -> [min, max] prompt tokens (without the chat template)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthRule:
+        for group, (low, high) in self.bounds.items():
+            if not 0 < low <= high:
+                raise ValueError(f"bounds of group {group!r} must satisfy 0 < min <= max")
+        return self
+
+
+class Contract(BaseModel):
+    """What every row of an eval set must hold."""
+
+    model_config = {"extra": "forbid"}
+
+    id: str = Field(default="id", description="Unique, stable item id (pairs items across stages).")
+    prompt: list[str] = Field(min_length=1, description="Fields that feed the prompt: non-empty.")
+    reference: list[str] = Field(
+        default_factory=list, description="Reference answer fields: present and non-empty."
+    )
+    group: str | None = Field(
+        default=None, description="Field naming the item's sub-group (QualityItem.group)."
+    )
+    lengths: LengthRule | None = Field(default=None, description="Token-length bounds per group.")
+
+    @model_validator(mode="after")
+    def _lengths_need_group(self) -> Contract:
+        if self.lengths is not None and self.group is None:
+            raise ValueError("'lengths' needs 'group': bounds are declared per group")
+        return self
+
+    @property
+    def fields(self) -> list[str]:
+        extra = [self.group] if self.group else []
+        extra += [self.lengths.field] if self.lengths else []
+        return list(dict.fromkeys([self.id, *self.prompt, *self.reference, *extra]))
+
+
+class _TaskLoader(yaml.SafeLoader):
+    """Reads lm-eval task YAML without lm-eval: `!function x.y` stays the string 'x.y'."""
+
+
+_TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
+    try:
+        config = yaml.load(info.task_yaml.read_text(), Loader=_TaskLoader)  # noqa: S506
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{info.task_yaml}: cannot read: {exc}".replace("\n", " ")) from exc
+    if not isinstance(config, dict):
+        raise SpecError(f"{info.task_yaml}: expected a mapping at the top level")
+    return config
+
+
+def _template_fields(template: object) -> list[str]:
+    return list(dict.fromkeys(_TEMPLATE_VAR.findall(template))) if isinstance(template, str) else []
+
+
+def load_contract(info: EvalSetInfo) -> Contract:
+    """The set's `contract.yaml`, or the contract implied by its `task.yaml`."""
+    path = info.folder / CONTRACT_FILE
+    if path.is_file():
+        return load_model(path, Contract)
+    config = read_task_yaml(info)
+    prompt = _template_fields(config.get("doc_to_text"))
+    if not prompt:
+        raise SpecError(
+            f"{info.task_yaml}: doc_to_text is not a template with {{{{field}}}} names; declare "
+            f"the prompt fields in {info.folder / CONTRACT_FILE}"
+        )
+    return Contract(prompt=prompt, reference=_template_fields(config.get("doc_to_target")))
+
+
+def data_files(info: EvalSetInfo) -> list[Path]:
+    """The set's local data files (relative paths are read from the set's folder)."""
+    config = read_task_yaml(info)
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    if isinstance(files, dict):
+        names = [name for value in files.values()
+                 for name in ([value] if isinstance(value, str) else value)]
+    elif isinstance(files, str):
+        names = [files]
+    elif isinstance(files, list):
+        names = files
+    else:
+        raise SpecError(f"{info.task_yaml}: dataset_kwargs.data_files names no local file")
+    return [(info.folder / name).resolve() for name in names]
+
+
+def _read_rows(path: Path) -> Any:
+    import pandas as pd
+
+    if not path.is_file():
+        raise SpecError(f"{path}: data file not found")
+    try:
+        if path.suffix == ".jsonl":
+            return pd.read_json(path, lines=True, dtype=False)
+        if path.suffix == ".json":
+            return pd.read_json(path, dtype=False)
+        if path.suffix == ".csv":
+            return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except ValueError as exc:
+        raise SpecError(f"{path}: cannot parse: {exc}".replace("\n", " ")) from exc
+    raise SpecError(f"{path}: unsupported data format {path.suffix!r} (valid: .jsonl, .json, .csv)")
+
+
+def _expectations(contract: Contract) -> list[tuple[str, Any]]:
+    """(rule, expectation) pairs; the rule text is what a broken row is reported with."""
+    import great_expectations as gx
+
+    ex = gx.expectations
+    rules: list[tuple[str, Any]] = [
+        (f"'{contract.id}' is unique", ex.ExpectColumnValuesToBeUnique(column=contract.id)),
+        (f"'{contract.id}' is present", ex.ExpectColumnValuesToNotBeNull(column=contract.id)),
+    ]
+    for kind, columns in (("prompt", contract.prompt), ("reference", contract.reference)):
+        for column in columns:
+            rules.append((f"{kind} field '{column}' is present and not blank",
+                          ex.ExpectColumnValuesToMatchRegex(column=f"{column}__text",
+                                                            regex=_NOT_BLANK)))
+    if contract.lengths is not None:
+        group, field = contract.group, contract.lengths.field
+        groups = sorted(contract.lengths.bounds)
+        rules.append((f"'{field}' is a number", ex.ExpectColumnValuesToNotBeNull(column=field)))
+        rules.append((f"'{group}' is a declared group ({', '.join(groups)})",
+                      ex.ExpectColumnValuesToBeInSet(column=group, value_set=groups)))
+        rules.append((f"'{field}' is at least its group's minimum",
+                      ex.ExpectColumnPairValuesAToBeGreaterThanB(
+                          column_A=field, column_B="__min_tokens", or_equal=True,
+                          ignore_row_if="either_value_is_missing")))
+        rules.append((f"'{field}' is at most its group's maximum",
+                      ex.ExpectColumnPairValuesAToBeGreaterThanB(
+                          column_A="__max_tokens", column_B=field, or_equal=True,
+                          ignore_row_if="either_value_is_missing")))
+    return rules
+
+
+def _prepared(frame: Any, contract: Contract, path: Path) -> Any:
+    """The frame with helper columns: stringified prompt/reference text, per-row bounds."""
+    import pandas as pd
+
+    missing = [column for column in contract.fields if column not in frame.columns]
+    if missing:
+        raise SpecError(f"{path}: no field {missing[0]!r} in any row (contract needs: "
+                        f"{', '.join(contract.fields)})")
+    frame = frame.copy()
+    frame["__row"] = range(1, len(frame) + 1)
+    for column in [*contract.prompt, *contract.reference]:
+        frame[f"{column}__text"] = frame[column].map(
+            lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    if contract.lengths is not None:
+        bounds = contract.lengths.bounds
+        frame[contract.lengths.field] = pd.to_numeric(frame[contract.lengths.field], errors="coerce")
+        for end, column in enumerate(("__min_tokens", "__max_tokens")):
+            frame[column] = frame[contract.group].map(
+                lambda g, end=end: bounds[str(g)][end] if str(g) in bounds else math.nan
+            ).astype("float64")
+    return frame
+
+
+def _first_failure(result: Any, id_column: str) -> str:
+    """'row N (id X)' of the first row an expectation flagged, with the offending value."""
+    details = result.result or {}
+    flagged = details.get("partial_unexpected_index_list") or details.get("unexpected_index_list")
+    values = details.get("partial_unexpected_list") or []
+    shown = f", value {values[0]!r}" if values else ""
+    if flagged and isinstance(flagged[0], dict) and "__row" in flagged[0]:
+        first = flagged[0]
+        return f"row {int(first['__row'])} (id {first.get(id_column)!r}{shown})"
+    return f"unexpected values{shown}"
+
+
+def validate_frame(frame: Any, contract: Contract, source: str) -> None:
+    """Run the contract's suite on one data frame; raise SpecError on the first broken rule."""
+    try:
+        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        import great_expectations as gx
+    except ImportError as exc:
+        raise SpecError(INSTALL_HINT) from exc
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    frame = _prepared(frame, contract, Path(source))
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False, "metric_calculations": False}
+    batch = (
+        context.data_sources.add_pandas("contracts")
+        .add_dataframe_asset("rows")
+        .add_batch_definition_whole_dataframe("all")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    rules = _expectations(contract)
+    for rule, expectation in rules:
+        result = batch.validate(expectation, result_format={
+            "result_format": "SUMMARY", "unexpected_index_column_names": ["__row", contract.id]})
+        if not result.success:
+            where = _first_failure(result, contract.id)
+            raise SpecError(f"{source}: {where}: broke rule {rule}")
+
+
+def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
+    """A spec's `groups` must name groups the set declares."""
+    if spec.groups is None:
+        return
+    if contract.group is None:
+        raise SpecError(f"eval set {spec.name!r}: 'groups' given but the set declares no group "
+                        f"field (add 'group' to {spec.info.folder / CONTRACT_FILE})")
+    if contract.lengths is not None:
+        for group in spec.groups:
+            if group not in contract.lengths.bounds:
+                raise SpecError(f"eval set {spec.name!r}: unknown group {group!r}: "
+                                f"{did_you_mean(group, tuple(contract.lengths.bounds))}")
+
+
+def validate_set(spec: EvalSetSpec) -> int:
+    """Validate every data file of one set; returns the number of rows checked."""
+    info = spec.info
+    contract = load_contract(info)
+    check_groups(spec, contract)
+    rows = 0
+    for path in data_files(info):
+        frame = _read_rows(path)
+        if frame.empty:
+            raise SpecError(f"{path}: no rows")
+        validate_frame(frame, contract, str(path))
+        rows += len(frame)
+    return rows
+
+
+def validate_sets(sets: list[EvalSetSpec]) -> None:
+    """Every selected set against its contract, before any engine starts (raises SpecError)."""
+    for spec in sets:
+        validate_set(spec)
+
+
+def fit_to_context(sets: list[EvalSetSpec], max_model_len: int | None) -> list[EvalSetSpec]:
+    """The sets with groups too long for the served context dropped (spec `groups`).
+
+    A group fits when its longest prompt plus the chat template and the generation budget fits
+    in `max_model_len`. Sets without length bounds are returned unchanged; a set none of whose
+    groups fits raises SpecError.
+    """
+    if max_model_len is None:
+        return list(sets)
+    fitted = []
+    for spec in sets:
+        contract = load_contract(spec.info)
+        check_groups(spec, contract)
+        if contract.lengths is None:
+            fitted.append(spec)
+            continue
+        budget = spec.max_gen_toks or int(
+            (read_task_yaml(spec.info).get("generation_kwargs") or {}).get("max_gen_toks", 256))
+        bounds = contract.lengths.bounds
+        wanted = spec.groups or sorted(bounds, key=lambda group: bounds[group][1])
+        keep = [group for group in wanted
+                if bounds[group][1] + TEMPLATE_MARGIN_TOKENS + budget
+                <= max_model_len]
+        if not keep:
+            raise SpecError(f"eval set {spec.name!r}: no group fits max_model_len {max_model_len} "
+                            f"(groups: {', '.join(wanted)})")
+        fitted.append(spec if keep == wanted and spec.groups is None
+                      else spec.model_copy(update={"groups": keep}))
+    return fitted
