@@ -68,6 +68,8 @@ def logged_payloads(samples_file: Path, model: str, base_url: str) -> list[dict[
             context, gen_kwargs = arguments["gen_args_0"]["arg_0"], arguments["gen_args_0"]["arg_1"]
         else:
             context, gen_kwargs = arguments[0]
+        if isinstance(context, list):  # lm-eval's JsonChatStr, a one-field tuple, saved as a list
+            context = context[0]
         payloads.append(lm._create_payload(json.loads(context), generate=True,
                                            gen_kwargs=dict(gen_kwargs), eos=None))
     return payloads

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evalsets.contracts import validate_sets
+from evalsets.contracts import fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.plan import Stage, plan
@@ -36,6 +36,8 @@ class Prepared:
         self.spec: Spec = load_spec(spec_path)
         self.stages: list[Stage] = plan(self.spec)
         validate_sets(self.spec.evalsets)
+        if self.spec.engine.kind == "vllm":  # fail now if no long-context bucket fits the context
+            fit_to_context(self.spec.evalsets, self.spec.engine.max_model_len)
         engine = self.spec.engine
         if engine.kind == "vllm" and engine.device == "cpu":
             flags = cpu_flags()

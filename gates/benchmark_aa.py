@@ -27,7 +27,7 @@ from gates.record import StageRecord
 from gates.verdict import Verdict
 from infra.errors import QuantgateError
 
-QUALITY_AND_LENGTH = ("quality.", "long_context.", "length")
+QUALITY_AND_LENGTH = ("quality.", "length")
 
 
 @dataclass

@@ -165,7 +165,7 @@ def quality_checks(
             in_group = [(b, s) for b, s in vs_baseline if b.group == group]
             ids = {b.id for b, _ in in_group}
             in_parent = [(p, s) for p, s in vs_parent if s.id in ids]
-            bucket = f"long_context.{name}.{group}"
+            bucket = f"quality.{name}.{group}"  # per group: long-context buckets, business kinds
             if len(in_group) < q.min_items:
                 checks.append(judged(
                     bucket, "inconclusive", q.long_context_required,

@@ -34,7 +34,7 @@ def forest(verdict: Verdict, path: Path) -> Path | None:
     """Paired accuracy difference vs the baseline per stage and set, with its CI and the margin."""
     rows = [(f"{stage.stage} · {check.rule.split('.', 1)[1]}", check)
             for stage in verdict.stages for check in stage.checks
-            if check.rule.startswith(("quality.", "long_context.")) and "ci_low" in check.details]
+            if check.rule.startswith("quality.") and "ci_low" in check.details]
     if not rows:
         return None
     plt = _pyplot()

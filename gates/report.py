@@ -164,7 +164,7 @@ def set_sizes(verdict: Verdict) -> list[dict[str, Any]]:
     for stage in verdict.stages:
         for check in stage.checks:
             d = check.details
-            if check.rule.startswith(("quality.", "long_context.")) and "mde" in d:
+            if check.rule.startswith("quality.") and "mde" in d:
                 rows.append({"stage": stage.stage, "set": check.rule.split(".", 1)[1], "n": d["n"],
                              "mde": f"{100 * float(d['mde']):.1f}",
                              "margin": f"{100 * float(d['margin']):.2f}",

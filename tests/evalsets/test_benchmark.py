@@ -15,7 +15,7 @@ def test_replay_payloads_rebuilt_from_lm_eval_sample_log(tmp_path, shape):
     gen_kwargs = {"until": ["Question:"], "do_sample": False, "temperature": 0.0,
                   "max_gen_toks": 96}
     arguments = ({"gen_args_0": {"arg_0": json.dumps(messages), "arg_1": gen_kwargs}}
-                 if shape == "lm-eval file" else [[json.dumps(messages), gen_kwargs]])
+                 if shape == "lm-eval file" else [[[json.dumps(messages)], gen_kwargs]])
     sample = {"doc_id": 0, "arguments": arguments}
     log = tmp_path / "samples.jsonl"
     log.write_text(json.dumps(sample) + "\n")

@@ -133,9 +133,9 @@ def test_a_broken_long_context_bucket_fails():
     broken = base[:50] + [0.0] * 50
     verdict = decide("c", [record("baseline", None, base, groups=groups),
                            record("w", "baseline", broken, groups=groups)], POLICY)
-    bucket = checks(verdict, "w")["long_context.math.long"]
+    bucket = checks(verdict, "w")["quality.math.long"]
     assert bucket.status == "fail" and "25 correct->wrong" in bucket.reason
-    assert checks(verdict, "w")["long_context.math.short"].status == "pass"
+    assert checks(verdict, "w")["quality.math.short"].status == "pass"
 
 
 def test_verdict_json_carries_the_rollback_plan_and_a_stable_candidate_hash(tmp_path):
