@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from evalsets.jsonl import write_jsonl
+
 DATA_PATH = Path(__file__).with_name("data.jsonl")
 DEFAULT_SEED = 20240611
 DEFAULT_COUNT = 120
@@ -256,10 +258,7 @@ def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[Row]:
 
 
 def write(path: Path = DATA_PATH, count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> Path:
-    with path.open("w") as out:
-        for row in generate(count, seed):
-            out.write(json.dumps(row) + "\n")
-    return path
+    return write_jsonl(path, generate(count, seed))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,11 +13,11 @@ seed and tokenizer always give the same file, byte for byte.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections.abc import Callable
 from pathlib import Path
 
+from evalsets.jsonl import write_jsonl
 from evalsets.long_context.buckets import Bucket, load_buckets
 
 DATA_PATH = Path(__file__).with_name("data.jsonl")
@@ -172,11 +172,7 @@ def generate(
 
 def write(path: Path = DATA_PATH, per_bucket: int = DEFAULT_PER_BUCKET,
           seed: int = DEFAULT_SEED, tokenizer_dir: Path = TOKENIZER_DIR) -> Path:
-    items = generate(tokenizer_counter(tokenizer_dir), per_bucket, seed)
-    with path.open("w") as out:
-        for item in items:
-            out.write(json.dumps(item) + "\n")
-    return path
+    return write_jsonl(path, generate(tokenizer_counter(tokenizer_dir), per_bucket, seed))
 
 
 def main(argv: list[str] | None = None) -> None:

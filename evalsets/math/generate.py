@@ -10,10 +10,11 @@ gives the same file, byte for byte.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections.abc import Callable
 from pathlib import Path
+
+from evalsets.jsonl import write_jsonl
 
 DATA_PATH = Path(__file__).with_name("data.jsonl")
 DEFAULT_SEED = 20240601
@@ -191,10 +192,7 @@ def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict[
 
 
 def write(path: Path = DATA_PATH, count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> Path:
-    with path.open("w") as out:
-        for problem in generate(count, seed):
-            out.write(json.dumps(problem) + "\n")
-    return path
+    return write_jsonl(path, generate(count, seed))
 
 
 def main(argv: list[str] | None = None) -> None:
