@@ -286,7 +286,7 @@ def _latency_check(stage: StageRecord, parent: StageRecord, metric: str, limit: 
                            else "inconclusive")
         return judged(
             rule, outcome, rules.required,
-            f"median {metric[:4]} {np.median(ours):.1f} ms vs parent {np.median(base):.1f} ms "
+            f"median {metric[:4]} {np.median(ours):.1f} ms vs {parent.name} {np.median(base):.1f} ms "
             f"({ci.estimate:+.1%}, {q.confidence:.0%} CI [{ci.low:+.1%}, {ci.high:+.1%}] over "
             f"{len(ours)}/{len(base)} requests; limit +{limit:.0%})",
             value=ci.estimate, limit=limit,
@@ -297,7 +297,7 @@ def _latency_check(stage: StageRecord, parent: StageRecord, metric: str, limit: 
     return Check(
         rule=rule, passed=increase <= limit, value=increase, limit=limit,
         details={"increase": increase, "stage_ms": now, "parent_ms": before},
-        reason=f"{metric} {now:.1f} vs parent {before:.1f} ({increase:+.1%}, limit +{limit:.0%}; "
+        reason=f"{metric} {now:.1f} vs {parent.name} {before:.1f} ({increase:+.1%}, limit +{limit:.0%}; "
         "no raw samples: point estimate)",
     )
 
@@ -319,21 +319,24 @@ def error_rate_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
     return checks
 
 
-def load_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -> list[Check]:
+def load_checks(
+    stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy
+) -> list[Check]:
     if stage.load is None or not stage.load.summaries:
         return [_missing("load", "load")]
     checks = error_rate_checks(stage, policy)
     rules = policy.latency
-    if stage.emulated or parent.emulated:
-        who = stage.name if stage.emulated else f"parent {parent.name!r}"
+    if stage.emulated:
         return checks + [Check(
             rule=f"latency.{rules.level}", passed=True, applicable=False,
-            reason=f"not gated: {who} serves dequantized (emulated) weights, so speed is not "
-            "representative",
+            reason=f"not gated: {stage.name} serves dequantized (emulated) weights, so its speed "
+            "is not representative",
         )]
+    # An emulated parent's speed means nothing: judge against the baseline, which was served as is.
+    reference = baseline if parent.emulated else parent
     return checks + [
-        _latency_check(stage, parent, "tpot_p50_ms", rules.max_tpot_p50_increase, policy),
-        _latency_check(stage, parent, "ttft_p50_ms", rules.max_ttft_p50_increase, policy),
+        _latency_check(stage, reference, "tpot_p50_ms", rules.max_tpot_p50_increase, policy),
+        _latency_check(stage, reference, "ttft_p50_ms", rules.max_ttft_p50_increase, policy),
     ]
 
 
@@ -448,7 +451,7 @@ def stage_checks(
         quality_checks(stage, parent, baseline, policy)
         + divergence_checks(stage, policy)
         + perplexity_checks(stage, parent, baseline, policy)
-        + load_checks(stage, parent, policy)
+        + load_checks(stage, parent, baseline, policy)
         + length_checks(stage, parent, policy)
         + [engine_check(stage, parent, baseline)]
     )

@@ -131,3 +131,16 @@ def test_emulated_candidate_stage_cannot_go():
     verdict = decide("c", [record("baseline", None, BASE_SCORES), stage], POLICY)
     assert verdict.decision == "rollback"
     assert failed_rules(verdict, "w") == ["servable"]
+
+
+def test_stage_after_an_emulated_parent_is_timed_against_the_baseline():
+    stages = [
+        record("baseline", None, BASE_SCORES, tpot=25.0),
+        record("w", "baseline", BASE_SCORES, tpot=10.0),
+        record("a", "w", BASE_SCORES, kind="activations", tpot=60.0),
+    ]
+    stages[1].emulated = True
+    verdict = decide("c", stages, POLICY)
+    a = {c.rule: c for s in verdict.stages if s.stage == "a" for c in s.checks}
+    tpot = a["latency.low.tpot_p50_ms"]
+    assert "vs baseline" in tpot.reason and not tpot.passed, tpot.reason
