@@ -36,15 +36,15 @@ class Prepared:
         self.spec: Spec = load_spec(spec_path)
         self.stages: list[Stage] = plan(self.spec)
         validate_sets(self.spec.evalsets)
-        if self.spec.engine.kind == "vllm":  # fail now if no long-context bucket fits the context
-            fit_to_context(self.spec.evalsets, self.spec.engine.max_model_len)
         engine = self.spec.engine
-        if engine.kind == "vllm" and engine.device == "cpu":
-            flags = cpu_flags()
-            for stage in self.stages:
-                axes = stage.axes
-                check_cpu_servable(stage.name, axes.weights, axes.activations, axes.kv_cache,
-                                   axes.emulated, flags)
+        if engine.kind == "vllm":
+            fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
+            if engine.device == "cpu":
+                flags = cpu_flags()
+                for stage in self.stages:
+                    axes = stage.axes
+                    check_cpu_servable(stage.name, axes.weights, axes.activations, axes.kv_cache,
+                                       axes.emulated, flags)
         base = spec_path.resolve().parent
         profile = self.spec.load_profile
         if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
