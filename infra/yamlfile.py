@@ -2,24 +2,62 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from infra.errors import SpecError
+from infra.errors import SpecError, did_you_mean
 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def describe_validation_error(source: str, err: ValidationError) -> str:
-    """'file: field 'a.b': message' for the first problem, with a count of the rest."""
-    problems = err.errors()
-    first = problems[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-    return f"{source}: field '{where}': {first['msg']}{more}"
+def describe_validation_error(source: str, err: ValidationError, model: type[BaseModel]) -> str:
+    """'file: field 'a.b': problem (got value)' for every problem, with a hint for misspelt fields."""
+    lines = []
+    for problem in err.errors():
+        loc = [str(part) for part in problem["loc"]]
+        field = ".".join(loc) or "(top level)"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            owner = _model_at(model, problem["loc"][:-1])
+            hint = did_you_mean(loc[-1], tuple(owner.model_fields)) if owner else ""
+            lines.append(f"unknown field {field!r}; {hint}".rstrip("; "))
+        elif problem["type"] == "missing":
+            lines.append(f"field {field!r}: {message}")
+        elif not loc or problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
+            # A rule across fields: the input is the whole mapping, not worth echoing.
+            lines.append(f"{field}: {message}")
+        else:
+            lines.append(f"field {field!r}: {message} (got {problem.get('input')!r})")
+    return f"{source}: " + "; ".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at `loc` (list indices and union tags followed)."""
+    candidates = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = [c.model_fields[part] for c in candidates if part in c.model_fields]
+        if fields:
+            candidates = _models_in(fields[0].annotation)
+        else:  # a discriminated union's tag: the member whose Literal field holds it
+            candidates = [c for c in candidates if _has_tag(c, part)] or candidates
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _has_tag(model: type[BaseModel], tag: str) -> bool:
+    return any(typing.get_origin(f.annotation) is typing.Literal and tag in typing.get_args(f.annotation)
+               for f in model.model_fields.values())
 
 
 def read_yaml(path: Path) -> object:
@@ -38,4 +76,4 @@ def load_model(path: Path, model: type[Model], context: dict | None = None) -> M
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:
-        raise SpecError(describe_validation_error(str(path), err)) from err
+        raise SpecError(describe_validation_error(str(path), err, model)) from err

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.errors import SpecError, did_you_mean
+from infra.yamlfile import load_model
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -151,38 +151,4 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 def load_profile(path: str | Path) -> LoadProfile:
     """Read and validate a load profile; a name ("ci") picks a bundled one."""
-    path = profile_path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return LoadProfile.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(f"{path}: {_describe(exc)}") from exc
-
-
-_NESTED = {"slo": Slo, "capacity": CapacitySearch}
-
-
-def _describe(exc: ValidationError) -> str:
-    """Pydantic's errors as "field 'x': problem" lines, with a hint for misspelt fields."""
-    lines = []
-    for err in exc.errors():
-        loc = [str(part) for part in err["loc"]]
-        field = ".".join(loc) or "(profile)"
-        if err["type"] == "extra_forbidden":
-            owner = _NESTED.get(loc[0]) if len(loc) > 1 else LoadProfile
-            valid = tuple((owner or LoadProfile).model_fields)
-            lines.append(f"unknown field {field!r}; {did_you_mean(loc[-1], valid)}")
-        elif err["type"] == "missing":
-            lines.append(f"field {field!r}: required")
-        elif not loc or err["type"] == "value_error" and isinstance(err.get("input"), dict):
-            # A rule across fields: the input is the whole mapping, not worth echoing.
-            lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-            lines.append(f"field {field!r}: {message} (got {err.get('input')!r})")
-    return "; ".join(lines)
+    return load_model(profile_path(path), LoadProfile)

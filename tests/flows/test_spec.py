@@ -83,6 +83,10 @@ def test_label_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
         ({"evalsets": [{"name": "maths"}]}, r"unknown eval set 'maths'.*did you mean 'math'"),
         ({"stages": [{"name": "w", "kind": "weights", "parent": "nope"}]}, "parent 'nope'"),
         ({"colour": "red"}, r"field 'colour'"),
+        ({"chat_templat": True}, r"unknown field 'chat_templat'; did you mean 'chat_template'"),
+        ({"engine": {"kind": "vllm", "prot": 1}}, r"unknown field 'engine.vllm.prot'; did you mean 'port'"),
+        ({"stages": [{"name": "w", "kind": "weights", "checkpont": "x"}]},
+         r"unknown field 'stages.0.checkpont'; did you mean 'checkpoint'"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path, overrides, needle):

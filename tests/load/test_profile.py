@@ -70,7 +70,7 @@ def test_bad_values_name_the_file_and_the_field(tmp_path, change, expected):
 
 def test_missing_required_field(tmp_path):
     text = "\n".join(line for line in GOOD.splitlines() if not line.startswith("high_users"))
-    with pytest.raises(SpecError, match=r"field 'high_users': required"):
+    with pytest.raises(SpecError, match=r"field 'high_users': Field required"):
         load_profile(write(tmp_path, text))
 
 
