@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from evalsets.perplexity import LOGPROBS_FILE
-from evalsets.results import Divergence
+from evalsets.results import Divergence, PerplexityRatio
 from infra.errors import MeasurementError
 
 BLOCK_TOKENS = 64
@@ -102,21 +102,13 @@ def block_bootstrap_ci(sums: np.ndarray, counts: np.ndarray,
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def divergence(stage_logprobs: Path, baseline_logprobs: Path,
-               block_tokens: int = BLOCK_TOKENS) -> Divergence:
-    """Mean per-token KL(baseline || stage) with a block-bootstrap 95 % CI, and top-1 agreement.
-
-    Either argument may be a perplexity_logprobs.json or the quality folder holding it. The two
-    must have scored the same texts into the same tokens; otherwise this raises
-    MeasurementError naming the first text and position that differ.
-    """
-    stage, base = _read(stage_logprobs), _read(baseline_logprobs)
+def _paired_texts(stage: dict, base: dict) -> list[tuple[str, dict, dict]]:
+    """(name, baseline text, stage text) for every corpus text, refused unless tokens match."""
     if set(stage["texts"]) != set(base["texts"]):
         raise MeasurementError(
             f"divergence: different corpus texts: stage {sorted(stage['texts'])} vs baseline "
             f"{sorted(base['texts'])} ({stage['_path']} vs {base['_path']})")
-    base_k, stage_k = int(base.get("top_logprobs", 5)), int(stage.get("top_logprobs", 5))
-    block_sums, block_counts, agree, total = [], [], 0, 0
+    pairs = []
     for name in sorted(base["texts"]):
         b, s = base["texts"][name], stage["texts"][name]
         if b["tokens"] != s["tokens"]:
@@ -126,6 +118,28 @@ def divergence(stage_logprobs: Path, baseline_logprobs: Path,
                 f"divergence: text {name!r} tokenized differently at position {where} "
                 f"(baseline {len(b['tokens'])} tokens, stage {len(s['tokens'])}): the stages "
                 f"must share one tokenizer to be compared token by token")
+        pairs.append((name, b, s))
+    return pairs
+
+
+def _blocked(per_text: list[list[float]], block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    blocks = [block for values in per_text for block in _blocks(values, block_tokens)]
+    return (np.array([total for total, _ in blocks]),
+            np.array([count for _, count in blocks], dtype=float))
+
+
+def divergence(stage_logprobs: Path, baseline_logprobs: Path,
+               block_tokens: int = BLOCK_TOKENS) -> Divergence:
+    """Mean per-token KL(baseline || stage) with a block-bootstrap 95 % CI, and top-1 agreement.
+
+    Either argument may be a perplexity_logprobs.json or the quality folder holding it. The two
+    must have scored the same texts into the same tokens; otherwise this raises
+    MeasurementError naming the first text and position that differ.
+    """
+    stage, base = _read(stage_logprobs), _read(baseline_logprobs)
+    base_k, stage_k = int(base.get("top_logprobs", 5)), int(stage.get("top_logprobs", 5))
+    per_text, agree = [], 0
+    for name, b, s in _paired_texts(stage, base):
         kls = []
         for b_top, s_top in zip(b["top"], s["top"], strict=True):
             if not b_top or not s_top:
@@ -133,13 +147,11 @@ def divergence(stage_logprobs: Path, baseline_logprobs: Path,
                                        f"logprobs (re-measure perplexity with logprobs > 0)")
             kls.append(position_kl(b_top, s_top, base_k, stage_k))
             agree += _top1(b_top) == _top1(s_top)
-        total += len(kls)
-        for block_sum, count in _blocks(kls, block_tokens):
-            block_sums.append(block_sum)
-            block_counts.append(count)
+        per_text.append(kls)
+    sums, counts = _blocked(per_text, block_tokens)
+    total = int(counts.sum())
     if total == 0:
         raise MeasurementError("divergence: no token positions to compare")
-    sums, counts = np.array(block_sums), np.array(block_counts, dtype=float)
     ci = block_bootstrap_ci(sums, counts)
     return Divergence(
         tokens=total,
@@ -147,4 +159,27 @@ def divergence(stage_logprobs: Path, baseline_logprobs: Path,
         kl_ci_low=ci[0] if ci else None,
         kl_ci_high=ci[1] if ci else None,
         top1_agreement=agree / total,
+    )
+
+
+def perplexity_ratio(stage_logprobs: Path, reference_logprobs: Path,
+                     block_tokens: int = BLOCK_TOKENS) -> PerplexityRatio:
+    """Stage / reference perplexity on the same tokens, with a block-bootstrap 95 % CI.
+
+    The log of the ratio is the mean per-token difference of negative log-likelihoods, so the
+    comparison is paired token by token (a hard passage is hard for both) and the interval
+    resamples blocks of consecutive positions, as for KL.
+    """
+    stage, reference = _read(stage_logprobs), _read(reference_logprobs)
+    per_text = [[r_lp - s_lp for r_lp, s_lp in zip(r["logprobs"], s["logprobs"], strict=True)]
+                for _, r, s in _paired_texts(stage, reference)]
+    sums, counts = _blocked(per_text, block_tokens)
+    if counts.sum() == 0:
+        raise MeasurementError("perplexity ratio: no token positions to compare")
+    ci = block_bootstrap_ci(sums, counts)
+    return PerplexityRatio(
+        tokens=int(counts.sum()),
+        ratio=math.exp(sums.sum() / counts.sum()),
+        ci_low=math.exp(ci[0]) if ci else None,
+        ci_high=math.exp(ci[1]) if ci else None,
     )

@@ -45,6 +45,15 @@ class Divergence(BaseModel):
     top1_agreement: float = Field(description="Share of positions with the same most likely token.")
 
 
+class PerplexityRatio(BaseModel):
+    """Stage perplexity / reference perplexity on the same corpus tokens, paired per token."""
+
+    tokens: int = Field(description="Token positions compared.")
+    ratio: float = Field(description="exp(mean per-token NLL difference): 1.05 = +5 %.")
+    ci_low: float | None = Field(default=None, description="95 % CI of ratio (block bootstrap).")
+    ci_high: float | None = Field(default=None, description="95 % CI of ratio, high end.")
+
+
 class QualityResult(BaseModel):
     """All quality results of one stage."""
 
@@ -52,6 +61,12 @@ class QualityResult(BaseModel):
     perplexity: float | None = Field(default=None, description="Token perplexity on the local corpus.")
     divergence: Divergence | None = Field(
         default=None, description="Against the baseline; None for the baseline itself."
+    )
+    perplexity_vs_parent: PerplexityRatio | None = Field(
+        default=None, description="Paired against the parent stage; None for the baseline."
+    )
+    perplexity_vs_baseline: PerplexityRatio | None = Field(
+        default=None, description="Paired against the baseline; None for the baseline itself."
     )
 
     def save(self, folder: Path) -> Path:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from evalsets.divergence import divergence
+from evalsets.divergence import divergence, perplexity_ratio
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
@@ -306,6 +306,7 @@ def run_quality(
     with_perplexity: bool = True,
     max_model_len: int | None = None,
     baseline_dir: Path | None = None,
+    parent_dir: Path | None = None,
 ) -> QualityResult:
     """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
 
@@ -314,6 +315,8 @@ def run_quality(
     With `baseline_dir` (the baseline stage's quality folder) and perplexity on, the stage's
     KL divergence and top-1 agreement to the baseline are added; if they cannot be computed
     (say, another tokenizer) `divergence` stays None, which the gates treat as missing.
+    The perplexity ratios to the baseline and to `parent_dir` (the parent stage's quality
+    folder) are paired per token, with confidence intervals, for the perplexity gates.
     """
     from evalsets.contracts import fit_to_context
 
@@ -339,7 +342,13 @@ def run_quality(
         if baseline_dir is not None:
             try:
                 result.divergence = divergence(out_dir, baseline_dir)
+                result.perplexity_vs_baseline = perplexity_ratio(out_dir, baseline_dir)
             except MeasurementError as err:
                 log.error("quality: no divergence to the baseline: %s", err)
+        if parent_dir is not None:
+            try:
+                result.perplexity_vs_parent = perplexity_ratio(out_dir, parent_dir)
+            except MeasurementError as err:
+                log.error("quality: no paired perplexity against the parent: %s", err)
     result.save(out_dir)
     return result

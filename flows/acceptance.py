@@ -57,13 +57,15 @@ class Prepared:
 def measure_quality(
     facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings
 ) -> QualityResult:
-    # Divergence pairs this stage's corpus logprobs with the baseline's, stored beside it.
+    # Divergence and perplexity pair this stage's corpus logprobs with the baseline's and the
+    # parent's, stored beside it.
     baseline = None if stage.parent is None else folder.parent / "baseline" / "quality"
+    parent = None if stage.parent is None else folder.parent / stage.parent / "quality"
     return run_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
-        baseline_dir=baseline,
+        baseline_dir=baseline, parent_dir=parent,
     )
 
 
@@ -105,10 +107,16 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
 
 
 @flow(name="acceptance", log_prints=True)
-def acceptance(spec_path: str, settings: Settings | None = None) -> Verdict:
-    """Baseline, then each stage against its parent; returns the verdict (also on disk)."""
+def acceptance(
+    spec_path: str, settings: Settings | None = None, prepared: Prepared | None = None
+) -> Verdict:
+    """Baseline, then each stage against its parent; returns the verdict (also on disk).
+
+    `prepared` is the spec already checked by the caller (the CLI checks before Prefect starts),
+    so the Great Expectations contracts and CPU checks do not run twice.
+    """
     settings = settings or Settings()
-    prepared = Prepared(Path(spec_path))
+    prepared = prepared or Prepared(Path(spec_path))
     spec = prepared.spec
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}").resolve()

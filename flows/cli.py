@@ -75,8 +75,8 @@ def run(spec: Path) -> None:
     from flows.acceptance import Prepared, acceptance
 
     try:
-        Prepared(spec)  # fail fast, before Prefect and any engine start
-        verdict = acceptance(str(spec))
+        prepared = Prepared(spec)  # fail fast, before Prefect and any engine start
+        verdict = acceptance(str(spec), prepared=prepared)
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)

@@ -48,6 +48,10 @@ def stage_metrics(record: StageRecord) -> dict[str, float]:
                 metrics[f"length.{name}.mean_output_tokens"] = sum(lengths) / len(lengths)
         if record.quality.perplexity is not None:
             metrics["quality.perplexity"] = record.quality.perplexity
+        for against in ("parent", "baseline"):
+            paired = getattr(record.quality, f"perplexity_vs_{against}")
+            if paired is not None:
+                metrics[f"quality.perplexity_ratio.{against}"] = paired.ratio
     if record.load:
         if record.load.capacity_rps is not None:
             metrics["load.capacity_rps"] = record.load.capacity_rps

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evalsets.results import QualityItem, TaskQuality
+from evalsets.results import PerplexityRatio, QualityItem, TaskQuality
 from gates import stats
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
@@ -235,12 +235,23 @@ def divergence_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
     return [kl, top1]
 
 
-def _ppl_check(rule: str, ppl: float, ref: float, limit: float, against: str) -> Check:
-    increase = ppl / ref - 1
-    return Check(
-        rule=rule, passed=increase <= limit, value=increase, limit=limit,
-        details={"perplexity": ppl, "reference": ref},
-        reason=f"perplexity {ppl:.3f} vs {against} {ref:.3f} ({increase:+.1%}, limit +{limit:.0%})",
+def _ppl_check(rule: str, ppl: float, ref: float, paired: PerplexityRatio | None, limit: float,
+               against: str) -> Check:
+    """Fails when even the low end of the paired increase is over the limit, passes when the
+    high end is within it; in between the corpus cannot tell (perplexity rules are required)."""
+    if paired is not None and paired.ci_low is not None and paired.ci_high is not None:
+        increase, low, high = paired.ratio - 1, paired.ci_low - 1, paired.ci_high - 1
+        how = f"paired over {paired.tokens} tokens, 95 % CI [{low:+.1%}, {high:+.1%}]"
+    else:
+        increase = low = high = ppl / ref - 1
+        how = "no paired CI recorded: point estimate"
+    outcome: Status = "pass" if high <= limit else "fail" if low > limit else "inconclusive"
+    return judged(
+        rule, outcome, True,
+        f"perplexity {ppl:.3f} vs {against} {ref:.3f} ({increase:+.1%}, {how}; "
+        f"limit +{limit:.0%})",
+        value=increase, limit=limit,
+        details={"perplexity": ppl, "reference": ref, "ci_low": low, "ci_high": high},
     )
 
 
@@ -252,10 +263,14 @@ def perplexity_checks(
         return [_missing("perplexity", "perplexity")]
     ppl, parent_ppl, base_ppl = values
     rules = policy.perplexity
-    checks = [_ppl_check("perplexity.parent", ppl, parent_ppl, rules.max_increase_vs_parent,
-                         "parent")]
+    quality = stage.quality
+    vs_parent = quality.perplexity_vs_parent or (
+        quality.perplexity_vs_baseline if parent.name == baseline.name else None)
+    checks = [_ppl_check("perplexity.parent", ppl, parent_ppl, vs_parent,
+                         rules.max_increase_vs_parent, "parent")]
     if parent.name != baseline.name:
         checks.append(_ppl_check("perplexity.baseline", ppl, base_ppl,
+                                 quality.perplexity_vs_baseline,
                                  rules.max_increase_vs_baseline, "baseline"))
     return checks
 

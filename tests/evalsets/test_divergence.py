@@ -1,5 +1,6 @@
-"""KL and top-1 agreement from stored top-k logprobs: exact where the support is complete,
-zero for identical runs, growing with the change, and refused when tokens differ."""
+"""KL, top-1 agreement and the paired perplexity ratio from stored top-k logprobs: exact where
+the support is complete, zero for identical runs, growing with the change, and refused when
+tokens differ."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from evalsets.divergence import divergence, position_kl
+from evalsets.divergence import divergence, perplexity_ratio, position_kl
 from evalsets.perplexity import LOGPROBS_FILE
 from infra.errors import MeasurementError
 
@@ -104,3 +105,28 @@ def test_different_texts_are_refused(tmp_path):
 def test_missing_file_is_a_measurement_error(tmp_path):
     with pytest.raises(MeasurementError, match="cannot read per-position logprobs"):
         divergence(tmp_path / "nope", tmp_path / "nope")
+
+
+def _scored(path, logprobs: list[float]):
+    tops = [{f"token_id:{i}": lp} for i, lp in enumerate(logprobs)]
+    payload = {"model": "m", "top_logprobs": 1, "texts": {"t": {
+        "tokens": [f"token_id:{i}" for i in range(len(tops))],
+        "logprobs": logprobs, "top": tops}}}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / LOGPROBS_FILE).write_text(json.dumps(payload))
+    return path
+
+
+def test_perplexity_ratio_is_paired_per_token(tmp_path):
+    rng = np.random.default_rng(4)
+    base = rng.normal(-3.0, 1.5, 600)  # hard and easy tokens: big spread the pairing removes
+    same = perplexity_ratio(_scored(tmp_path / "a", list(base)), _scored(tmp_path / "b", list(base)))
+    assert (same.ratio, same.ci_low, same.ci_high, same.tokens) == (1.0, 1.0, 1.0, 600)
+    worse = base - 0.05 + rng.normal(0, 0.02, 600)  # ~ +5 % perplexity, small per-token noise
+    paired = perplexity_ratio(_scored(tmp_path / "w", list(worse)), tmp_path / "b")
+    expected = math.exp(float(np.mean(base - worse)))
+    assert paired.ratio == pytest.approx(expected)
+    assert paired.ci_low < paired.ratio < paired.ci_high
+    assert 1.04 < paired.ci_low and paired.ci_high < 1.06  # tight: the pairing cancels the spread
+    better = perplexity_ratio(tmp_path / "b", tmp_path / "w")
+    assert better.ratio == pytest.approx(1 / paired.ratio)

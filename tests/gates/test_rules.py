@@ -163,3 +163,23 @@ def test_every_go_rests_on_required_rules_that_resolved():
     assert required and all(c.status == "pass" for c in required)
     assert {"divergence.kl", "divergence.top1", "perplexity.parent", "length"} <= {
         c.rule for c in required}
+
+
+def test_perplexity_is_judged_on_the_paired_interval():
+    from evalsets.results import PerplexityRatio
+
+    def ppl_check(low: float, high: float):
+        stage = record("w", "baseline", BASE, perplexity=10.3)
+        stage.quality.perplexity_vs_parent = PerplexityRatio(tokens=1400, ratio=1.03, ci_low=low,
+                                                             ci_high=high)
+        verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
+        return checks(verdict, "w")["perplexity.parent"]
+
+    assert ppl_check(1.01, 1.04).status == "pass"
+    unresolved = ppl_check(1.01, 1.07)  # +3 % could be +7 %: the corpus cannot bound it
+    assert unresolved.status == "inconclusive" and not unresolved.passed
+    assert "[+1.0%, +7.0%]" in unresolved.reason and "1400 tokens" in unresolved.reason
+    assert ppl_check(1.06, 1.08).status == "fail"
+    point_only = record("w", "baseline", BASE, perplexity=10.3)  # no paired CI: point estimate
+    verdict = decide("c", [record("baseline", None, BASE), point_only], POLICY)
+    assert "point estimate" in checks(verdict, "w")["perplexity.parent"].reason

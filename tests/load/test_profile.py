@@ -28,8 +28,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_bundled_profiles_have_the_documented_shape():
     assert {"ci", "demo"} <= set(bundled_profiles())
     demo = load_profile("demo")
-    assert (demo.low_users, demo.high_users) == (1, 8)
-    assert (demo.prompt_tokens, demo.output_tokens) == (256, 64)
+    assert (demo.low_users, demo.high_users) == (1, 4)
+    assert (demo.prompt_tokens, demo.output_tokens) == (128, 64)
     assert (demo.warmup_s, demo.duration_s) == (5, 30)
     ci = load_profile("ci")
     assert (ci.high_users, ci.prompt_tokens, ci.output_tokens) == (4, 128, 32)
