@@ -6,6 +6,7 @@ generation settings, same greedy outputs) straight at the server with many concu
 requests: the engine's saturated throughput on that workload. The ratio of the two, in output
 tokens per second, is the harness efficiency; the goal is >= 80 %. For reference it also
 measures the engine's plain decode saturation (short prompt, `ignore_eos`, fixed length).
+Every run starts with an empty prefix cache when the server allows it (VLLM_SERVER_DEV_MODE=1).
 
     python -m evalsets.benchmark --base-url http://127.0.0.1:8107 --sets math long_context
 """
@@ -45,9 +46,22 @@ class Throughput(BaseModel):
         return self.output_tokens / self.seconds
 
 
+def reset_prefix_cache(base_url: str) -> bool:
+    """Empty the server's prefix cache, so that a run does not reuse the previous run's prompts.
+
+    vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1; False when it cannot.
+    """
+    try:
+        response = httpx.post(f"{base_url.rstrip('/')}/reset_prefix_cache", timeout=30)
+        return response.status_code == 200 and bool(response.json().get("success"))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 def measure_eval(base_url: str, model: str, spec: EvalSetSpec, out_dir: Path, count_tokens,
                  num_concurrent: int) -> Throughput:
     """One lm-eval run, wall clock including lm-eval's own set-up (the flow pays for it too)."""
+    reset_prefix_cache(base_url)
     started = time.perf_counter()
     task = run_evalset(base_url, model, spec, out_dir, count_tokens, num_concurrent=num_concurrent)
     seconds = time.perf_counter() - started
@@ -93,6 +107,7 @@ async def _replay(url: str, payloads: list[dict[str, Any]], concurrency: int) ->
 
 def measure_saturated(base_url: str, payloads: list[dict[str, Any]], concurrency: int,
                       label: str) -> Throughput:
+    reset_prefix_cache(base_url)
     url = f"{base_url.rstrip('/')}/v1/chat/completions"
     seconds, tokens = asyncio.run(_replay(url, payloads, concurrency))
     return Throughput(label=label, items=len(payloads), seconds=seconds, output_tokens=tokens)
@@ -132,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     model = models[0]["id"]
     check_server(args.base_url, model)
     count_tokens = token_counter(args.tokenizer)
+    if not reset_prefix_cache(args.base_url):
+        print("warning: the server does not reset its prefix cache (start it with "
+              "VLLM_SERVER_DEV_MODE=1): later runs of a set reuse the prompts the earlier ones "
+              "cached, which flatters them (long-context most)")
     decode = measure_saturated(args.base_url, decode_payloads(model, 2 * args.saturation, 128),
                                args.saturation, f"decode c={args.saturation}")
     print(f"engine decode saturation: {decode.tokens_per_s:.1f} output tok/s "

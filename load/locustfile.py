@@ -59,7 +59,11 @@ _state: dict = {"environment": None, "arrivals": None}
 
 
 class Arrivals:
-    """A Poisson schedule: the k-th call returns the k-th arrival time (perf_counter seconds)."""
+    """A Poisson schedule: the k-th call returns the k-th arrival time (perf_counter seconds).
+
+    The first arrival is at `start`, as in `vllm bench serve`, so the measured window (which
+    opens the warm-up after the first request) is anchored to the schedule, whatever the rate.
+    """
 
     def __init__(self, rate: float, seed: str, start: float) -> None:
         self._rng = random.Random(seed)
@@ -68,8 +72,9 @@ class Arrivals:
 
     def take(self) -> float:
         # No gevent switch in here: takes are atomic among the users of one process.
+        due = self._next
         self._next += self._rng.expovariate(self._rate)
-        return self._next
+        return due
 
 
 def _write_line(sample: dict) -> None:

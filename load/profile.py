@@ -43,12 +43,21 @@ class CapacitySearch(BaseModel):
     target: float = Field(
         default=0.99, gt=0, le=1, description="Share of requests that must meet the SLO."
     )
+    min_requests: int = Field(
+        default=20, ge=1,
+        description="Expected arrivals per tried rate: a low rate runs longer, for "
+        "max(duration_s, min_requests / rate) measured seconds, so that it is judged on data.",
+    )
     pool_users: int = Field(
         default=64,
         ge=1,
         description="Users that fire the scheduled arrivals; more than rate x latency, or "
         "arrivals start late (recorded as dispatch lag).",
     )
+
+    def window_s(self, rate: float) -> float:
+        """Measured seconds at `rate`: long enough to expect min_requests arrivals."""
+        return max(self.duration_s, self.min_requests / rate)
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> CapacitySearch:

@@ -131,7 +131,7 @@ def run_rate(
     out_dir.mkdir(parents=True, exist_ok=True)
     samples_path.unlink(missing_ok=True)
     users = search.pool_users
-    run_s = math.ceil(search.warmup_s + search.duration_s) + RUN_MARGIN_S
+    run_s = math.ceil(search.warmup_s + search.window_s(rate)) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, rate=rate)
     stop_timeout_s = math.ceil(profile.request_timeout_s)
     run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers)
@@ -149,8 +149,9 @@ def find_capacity(
     def evaluate(rate: float) -> CapacityStep:
         samples = run_rate(base_url, model, profile, rate, out_dir)
         # Judged on every request that arrived in the window, failed and late ones included.
-        measured = measured_window(samples, search.warmup_s, search.duration_s)
-        return capacity_step(rate, measured, search.duration_s, profile.slo, search.target)
+        window_s = search.window_s(rate)
+        measured = measured_window(samples, search.warmup_s, window_s)
+        return capacity_step(rate, measured, window_s, profile.slo, search.target)
 
     return search_capacity(evaluate, search.min_rate, search.max_rate, search.iterations)
 

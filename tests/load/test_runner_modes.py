@@ -12,6 +12,7 @@ import pytest
 
 from load.profile import CapacitySearch, LoadProfile, Slo
 from load.runner import read_samples, run_level, run_load, run_rate
+from load.stats import measured_window
 from load.webui import WebUI
 from tests import fake_openai as fake_module
 
@@ -52,6 +53,18 @@ def test_poisson_arrivals_do_not_wait_for_a_slow_server(fake_openai, tmp_path):
     lags = [s.dispatch_lag_ms for s in samples]
     assert np.percentile(lags, 90) < 50
     assert max(s.e2e_ms for s in samples if s.e2e_ms) > 500
+
+
+def test_a_low_rate_runs_long_enough_to_expect_min_requests(fake_openai, tmp_path):
+    search = CapacitySearch(warmup_s=0.0, duration_s=1.0, min_requests=5, pool_users=4)
+    assert (search.window_s(2.0), search.window_s(20.0)) == (2.5, 1.0)
+    profile = PROFILE.model_copy(update={"capacity": search})
+    samples = run_rate(fake_openai.base_url, "fake-model", profile, 2.0, tmp_path)
+    scheduled = sorted(s.scheduled_s for s in samples)
+    # The first arrival opens the schedule (as in vllm bench serve) and arrivals go on past
+    # duration_s, into the longer window that low rates get.
+    assert scheduled[-1] - scheduled[0] > 1.0
+    assert len(measured_window(samples, 0.0, search.window_s(2.0))) >= 3
 
 
 def test_repeats_give_intervals_and_an_slo_gives_goodput(fake_openai, tmp_path):
