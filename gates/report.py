@@ -54,7 +54,8 @@ def _headline(stage: StageVerdict, set_names: list[str]) -> dict[str, Any]:
     if missing:
         cells["kl"] = cells["top1"] = _cell(missing, "not measured")
     c = _check(stage, "perplexity.baseline") or _check(stage, "perplexity.parent")
-    cells["perplexity"] = _cell(c, f"{c.details['perplexity']:.3f} ({c.value:+.1%})"
+    cells["perplexity"] = _cell(c, f"{c.details['perplexity']:.3f} ({c.value:+.1%} "
+                                   f"[{c.details['ci_low']:+.1%}, {c.details['ci_high']:+.1%}])"
                                 if c and c.value is not None else "-")
     c = _check(stage, "length")
     cells["length"] = _cell(c, f"x{math.exp(c.details['mean_log_ratio']):.3f} "
@@ -158,6 +159,37 @@ def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
     return rows
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:,.0f}" if value is not None else "-"
+
+
+def load_rows(records: list[StageRecord]) -> list[dict[str, str]]:
+    """Per stage and level: latency percentiles, throughput, goodput; then the capacity."""
+    rows = []
+    for record in records:
+        load = record.load
+        if load is None:
+            rows.append({"stage": record.name, "level": "-", "note": record.error or "not measured"})
+            continue
+        for level, s in load.summaries.items():
+            rows.append({
+                "stage": record.name + (" (emulated)" if record.emulated else ""),
+                "level": f"{level} (c={s.users})", "requests": f"{s.requests} ({s.errors} err)",
+                "ttft": f"{_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)}",
+                "tpot": f"{_ms(s.tpot_p50_ms)} / {_ms(s.tpot_p99_ms)}",
+                "itl": _ms(s.itl_p50_ms), "e2e": _ms(s.e2e_p50_ms),
+                "tokens": f"{s.output_tokens_per_s:.1f}",
+                "goodput": f"{s.goodput:.0%}" if s.goodput is not None else "-",
+                "note": "",
+            })
+        if load.capacity_note:
+            capacity = (f"{load.capacity_rps:.3g} req/s" if load.capacity_rps is not None
+                        else "none")
+            rows.append({"stage": record.name, "level": "capacity at the SLO",
+                         "note": f"{capacity}: {load.capacity_note}"})
+    return rows
+
+
 def set_sizes(verdict: Verdict) -> list[dict[str, Any]]:
     """Per stage and set: how small an effect the set can see, and what it would need."""
     rows = []
@@ -188,7 +220,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
-        "sizes": set_sizes(verdict), "images": images,
+        "sizes": set_sizes(verdict), "images": images, "load": load_rows(records),
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],

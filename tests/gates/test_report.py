@@ -33,6 +33,8 @@ class Ids(HTMLParser):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     records = chain()
+    records[1].load.capacity_rps = 0.42
+    records[1].load.capacity_note = "between 0.42 (passes) and 0.56 (fails) req/s"
     verdict = decide("demo", records, GatePolicy())
     out = tmp_path_factory.mktemp("report")
     return verdict, records, write_report(verdict, records, out, signer="Ada Lovelace")
@@ -46,7 +48,7 @@ def test_report_writes_html_markdown_and_every_figure(report):
     parser = Ids()
     parser.feed(paths["html"].read_text())
     assert {"decision", "rollback", "stages", "forest", "long_context", "latency_cdf",
-            "length_ratios", "engine", "signoff", "sizes"} <= parser.ids
+            "length_ratios", "engine", "signoff", "sizes", "load"} <= parser.ids
     assert len(parser.images) == 4 and all(s.startswith("data:image/png;base64,") for s in parser.images)
 
 
@@ -64,6 +66,9 @@ def test_report_states_the_verdict_cis_flips_and_sign_off(report):
     assert "### a8 vs w8: 3 flipped (2 correct→wrong)" in md
     assert "| w8 answer 10 | a8 answer 10 |" in md
     assert "![forest plot](forest.png)" in md
+    # what each stage served: latency per level from raw samples, and the capacity at the SLO
+    assert re.search(r"\| a8 \| high \(c=\d+\) \| \d+ \(0 err\) \| [\d,]+ / [-\d,]+ \| 21 / ", md)
+    assert "| w8 | capacity at the SLO | 0.42 req/s: between 0.42 (passes) and 0.56 (fails)" in md
     assert "vllm --model a8" in md  # the rollback plan's exact command line
 
 
