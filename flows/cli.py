@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infra.errors import QuantgateError
@@ -39,12 +40,13 @@ def print_verdict(verdict) -> None:
     for column in ("stage", "kind", "parent", "result", "failed checks"):
         table.add_column(column, overflow="fold")
     for stage in verdict.stages:
-        failed = "\n".join(f"{c.rule}: {c.reason}" for c in stage.failures) or "-"
+        # Reasons hold CIs such as "[x0.90, x1.03]", which rich would read as markup tags.
+        failed = "\n".join(escape(f"{c.rule}: {c.reason}") for c in stage.failures) or "-"
         result = "[green]pass[/]" if stage.passed else "[red]fail[/]"
         table.add_row(stage.stage, stage.kind, str(stage.parent), result, failed)
     console.print(table)
     for advisory in verdict.advisories:
-        console.print(f"[yellow]not established:[/] {advisory}", soft_wrap=True)
+        console.print(f"[yellow]not established:[/] {escape(advisory)}", soft_wrap=True)
     if verdict.decision == "rollback":
         console.print(f"rollback to stage [bold]{verdict.accepted_stage}[/]:")
         console.print(verdict.rollback_command or "(no stage was accepted)", soft_wrap=True)
@@ -166,11 +168,21 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    """The console script. Exit 1 means rollback, so a crash must never end with it: whatever
+    escaped on purpose-free paths (a bug, a broken install) is an error, exit 2."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as err:  # noqa: BLE001 - the last line of defence of the exit-code contract
+        import traceback
+
+        traceback.print_exc()
+        err_console.print(f"[bold red]error:[/] unexpected {type(err).__name__}: {err} (a bug; the "
+                          "traceback is above, measured results are kept under runs/)",
+                          highlight=False, soft_wrap=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -313,7 +313,7 @@ def _latency_check(stage: StageRecord, parent: StageRecord, metric: str, limit: 
         rule=rule, passed=increase <= limit, value=increase, limit=limit,
         details={"increase": increase, "stage_ms": now, "parent_ms": before},
         reason=f"{metric} {now:.1f} vs {parent.name} {before:.1f} ({increase:+.1%}, limit +{limit:.0%}; "
-        "no raw samples: point estimate)",
+        f"only {len(ours)}/{len(base)} raw samples (< 10): point estimate)",
     )
 
 

@@ -56,3 +56,30 @@ def test_validate_refuses_what_this_cpu_cannot_serve(tmp_path, cpu):
     cpu(AVX512)
     result = runner.invoke(app, ["validate", str(write_spec(tmp_path))], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "no INT8 weight-only kernel" in result.output
+
+
+def test_a_crash_is_an_error_never_a_rollback(monkeypatch, capsys):
+    import flows.cli as cli
+
+    def crash():
+        raise RuntimeError("template broke")
+
+    monkeypatch.setattr(cli, "app", crash)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2  # 1 would read as a rollback verdict
+    assert "unexpected RuntimeError: template broke" in capsys.readouterr().err
+
+
+def test_verdict_reasons_keep_their_bracketed_intervals(capsys):
+    from types import SimpleNamespace as NS
+
+    import flows.cli as cli
+
+    check = NS(rule="length", reason="CI [x0.9, x1.0]")  # rich would eat it as a markup tag
+    stage = NS(stage="a8", kind="activations", parent="w8", passed=False, failures=[check])
+    verdict = NS(candidate="c", decision="rollback", stages=[stage], advisories=["n [x1, x2]"],
+                 accepted_stage="baseline", rollback_command="vllm serve m")
+    cli.print_verdict(verdict)
+    out = capsys.readouterr().out
+    assert "[x0.9, x1.0]" in out and "n [x1, x2]" in out
