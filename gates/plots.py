@@ -53,12 +53,17 @@ def forest(verdict: Verdict, path: Path) -> Path | None:
 
 
 def long_context(records: list[StageRecord], path: Path) -> Path | None:
-    """Accuracy per long-context bucket, one line per stage and set."""
+    """Accuracy per context-length bucket, one line per stage and set.
+
+    Only sets whose groups are all lengths ('512', '4k') are drawn: other grouped sets (business
+    item kinds) have no length axis. Stages with the same accuracy would hide each other, so each
+    stage's line is drawn a little wider and its markers a little shifted.
+    """
     curves = []
     for record in records:
         for name, task in (record.quality.tasks.items() if record.quality else []):
             groups = sorted({i.group for i in task.items if i.group}, key=natural_order)
-            if groups:
+            if groups and all(natural_order(g)[0] == 0 for g in groups):
                 accuracy = [np.mean([i.score >= 0.5 for i in task.items if i.group == g])
                             for g in groups]
                 curves.append((f"{record.name} · {name}", groups, accuracy))
@@ -66,8 +71,13 @@ def long_context(records: list[StageRecord], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for label, groups, accuracy in curves:
-        ax.plot(groups, accuracy, marker="o", label=label)
+    buckets = sorted({g for _, groups, _ in curves for g in groups}, key=natural_order)
+    for index, (label, groups, accuracy) in enumerate(curves):
+        shift = 0.06 * (index - (len(curves) - 1) / 2)
+        x = [buckets.index(g) + shift for g in groups]
+        ax.plot(x, accuracy, marker="o", label=label, linewidth=1.5 + len(curves) - index,
+                alpha=0.85)
+    ax.set_xticks(range(len(buckets)), buckets)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("context-length bucket")
     ax.set_ylabel("accuracy")
