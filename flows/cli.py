@@ -168,8 +168,8 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    """The console script. Exit 1 means rollback, so a crash must never end with it: whatever
-    escaped on purpose-free paths (a bug, a broken install) is an error, exit 2."""
+    """The console script. Exit 1 means rollback, so a crash must never end with it: anything
+    that escapes (a bug, a broken install) is an error, exit 2."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
