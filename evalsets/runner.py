@@ -345,7 +345,9 @@ def run_quality(
                 result.perplexity_vs_baseline = perplexity_ratio(out_dir, baseline_dir)
             except MeasurementError as err:
                 log.error("quality: no divergence to the baseline: %s", err)
-        if parent_dir is not None:
+        if parent_dir is not None and parent_dir == baseline_dir:
+            result.perplexity_vs_parent = result.perplexity_vs_baseline  # the same pair: once
+        elif parent_dir is not None:
             try:
                 result.perplexity_vs_parent = perplexity_ratio(out_dir, parent_dir)
             except MeasurementError as err:
