@@ -20,8 +20,9 @@ import numpy as np
 
 from evalsets.results import Divergence, QualityItem, QualityResult, TaskQuality
 from gates import stats
-from gates.checks import length_checks, quality_checks
+from gates.accuracy import quality_checks
 from gates.decide import decide, load_records
+from gates.length import length_checks
 from gates.policy import GatePolicy, load_policy, precision_class
 from gates.record import StageRecord
 from gates.verdict import Verdict

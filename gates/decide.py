@@ -6,10 +6,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from gates.checks import Check, error_rate_checks, stage_checks
+from gates.checks import stage_checks
+from gates.latency import error_rate_checks
 from gates.policy import GatePolicy, precision_class
 from gates.record import RunManifest, StageRecord
-from gates.verdict import RollbackPlan, StageVerdict, Verdict
+from gates.verdict import Check, RollbackPlan, StageVerdict, Verdict
 
 
 def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gates.checks import length_ratios, natural_order
+from gates.accuracy import natural_order
+from gates.length import length_ratios
 from gates.record import StageRecord
 from gates.verdict import Verdict
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from evalsets.results import QualityResult
+from evalsets.results import QualityItem, QualityResult, TaskQuality
 from infra.engine import EngineFacts
 from load.results import LoadResult
 
@@ -47,3 +47,11 @@ class RunManifest(BaseModel):
     @classmethod
     def read(cls, results_dir: Path) -> RunManifest:
         return cls.model_validate_json((results_dir / "manifest.json").read_text())
+
+
+def paired_items(first: TaskQuality, second: TaskQuality | None) -> list[tuple[QualityItem, QualityItem]]:
+    """Items of both, matched by id, in `first`'s order."""
+    if second is None:
+        return []
+    theirs = {item.id: item for item in second.items}
+    return [(item, theirs[item.id]) for item in first.items if item.id in theirs]

@@ -93,3 +93,26 @@ class Verdict(BaseModel):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.model_dump_json(indent=1))
         return path
+
+
+# Check constructors shared by the rule modules.
+
+def missing(rule: str, what: str, required: bool = True) -> Check:
+    if required:
+        return Check(rule=rule, passed=False, reason=f"{what} was not measured: fail closed")
+    return Check(rule=rule, passed=True, status="inconclusive", required=False,
+                 reason=f"{what} was not measured (rule not required: advisory)")
+
+
+def judged(rule: str, outcome: Status, required: bool, reason: str, **fields) -> Check:
+    """A check whose outcome came from a bound: inconclusive blocks only when required."""
+    passed = outcome in ("pass", "n/a") or (outcome == "inconclusive" and not required)
+    if outcome == "inconclusive":
+        reason = ("inconclusive, counts as rollback: " if required else
+                  "inconclusive (advisory, rule not required): ") + reason
+    return Check(rule=rule, passed=passed, status=outcome, required=required, reason=reason,
+                 **fields)
+
+
+def points(x: float) -> str:
+    return f"{100 * x:+.1f}"
