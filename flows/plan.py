@@ -18,7 +18,9 @@ class Stage(BaseModel):
     """A stage as it will be served: effective checkpoint + flags and the derived axes."""
 
     name: str
-    kind: str = Field(description="'baseline', 'weights', 'activations' or 'kv_cache'.")
+    kind: str = Field(
+        description="'baseline', 'weights', 'activations', 'kv_cache' or 'control'."
+    )
     parent: str | None
     checkpoint: Path
     engine_flags: EngineFlags
@@ -47,7 +49,8 @@ def _axes(stage_name: str, checkpoint: Path, flags: EngineFlags) -> Axes:
 
 
 def plan(spec: Spec) -> list[Stage]:
-    """Baseline first, then each stage; refuse a stage that changes zero or several axes."""
+    """Baseline first, then each stage; refuse a stage that changes zero or several axes
+    (a control stage changes none: it serves its parent again)."""
     base_flags = spec.baseline.engine_flags
     stages = {
         "baseline": Stage(
@@ -69,6 +72,11 @@ def plan(spec: Spec) -> list[Stage]:
         flags = _merge(parent.engine_flags, item.engine_flags)
         axes = _axes(item.name, checkpoint, flags)
         changed = axes.differences(parent.axes)
+        if item.kind == "control":
+            # The one exception to the one-change rule: the parent again, to measure the noise.
+            stages[item.name] = Stage(name=item.name, kind="control", parent=parent.name,
+                                      checkpoint=checkpoint, engine_flags=flags, axes=axes)
+            continue
         if not changed:
             raise SpecError(
                 f"stage {item.name!r} changes no axis against its parent {parent.name!r} "

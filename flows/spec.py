@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from evalsets.spec import EvalSetSpec
 from infra.yamlfile import load_model
 
-STAGE_KINDS = ("weights", "activations", "kv_cache")
+STAGE_KINDS = ("weights", "activations", "kv_cache", "control")
 
 
 class Strict(BaseModel):
@@ -74,8 +74,10 @@ class BaselineSpec(Strict):
 
 class StageSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Unique stage name.")
-    kind: Literal["weights", "activations", "kv_cache"] = Field(
-        description="The one axis this stage changes; checked against what is served."
+    kind: Literal["weights", "activations", "kv_cache", "control"] = Field(
+        description="The one axis this stage changes; checked against what is served. 'control' "
+        "serves the parent's exact configuration again (no checkpoint, no flags): it must go, "
+        "and measures the noise floor of your own hardware."
     )
     parent: str | None = Field(default=None, description="Default: the stage before it.")
     checkpoint: Path | None = Field(default=None, description="Default: the parent's checkpoint.")
@@ -104,6 +106,10 @@ class Spec(Strict):
                 raise ValueError(f"stage name {stage.name!r} is used twice (or is 'baseline')")
             if stage.parent is None:
                 stage.parent = self.stages[index - 1].name if index else "baseline"
+            if stage.kind == "control" and (stage.checkpoint or stage.engine_flags):
+                raise ValueError(
+                    f"stage {stage.name!r} is a control: it serves its parent's exact "
+                    "configuration, so it takes no checkpoint and no engine_flags")
             if stage.parent not in seen:
                 raise ValueError(
                     f"stage {stage.name!r}: parent {stage.parent!r} is not an earlier stage; "

@@ -1,126 +1,177 @@
-"""Accuracy rules: paired per-item scores of a stage against its parent and the baseline."""
+"""Accuracy rules: a pooled paired non-inferiority test against the baseline, and per-set harm."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from evalsets.results import QualityItem
+from evalsets.results import QualityItem, QualityResult
 from gates import stats
+from gates.noninferiority import Stratum, look_alpha, score_interval, simulated_power
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord, paired_items
 from gates.verdict import Check, judged, missing, points
 
+Pairs = list[tuple[QualityItem, QualityItem]]
+
+
+def correct(item: QualityItem) -> bool:
+    return item.score >= 0.5
+
 
 @dataclass
-class SetStats:
-    """Paired accuracy statistics of one set (or one long-context bucket) of one stage."""
+class SetCounts:
+    """One set (or group) of one stage, paired with the baseline and with the parent."""
 
     rule: str
     n: int
-    baseline_accuracy: float
-    stage_accuracy: float
-    difference: stats.Interval  # stage - baseline, per item, paired
-    broke: int  # vs the parent: correct -> wrong
-    fixed: int  # vs the parent: wrong -> correct
-    p_worse: float  # exact McNemar vs the parent: did this step break items?
-    p_worse_baseline: float  # exact McNemar vs the baseline: guards the bootstrap's tail
-    discordance: float
-    margin: float
-    mde: float
-    needed: int
+    baseline_correct: int
+    stage_correct: int
+    broke: int  # vs the baseline: right -> wrong
+    fixed: int  # vs the baseline: wrong -> right
+    parent_broke: int
+    parent_fixed: int
 
-    def details(self, p_holm: float, p_holm_baseline: float) -> dict[str, float | int | str | None]:
-        return {
-            "n": self.n, "baseline_accuracy": self.baseline_accuracy,
-            "stage_accuracy": self.stage_accuracy, "difference": self.difference.estimate,
-            "ci_low": self.difference.low, "ci_high": self.difference.high,
-            "margin": self.margin, "recovery_low": self._recovery(self.difference.low),
-            "broke": self.broke, "fixed": self.fixed, "p_mcnemar": self.p_worse,
-            "p_holm": p_holm, "p_mcnemar_baseline": self.p_worse_baseline,
-            "p_holm_baseline": p_holm_baseline, "mde": self.mde, "items_needed": self.needed,
-        }
+    @classmethod
+    def of(cls, rule: str, vs_baseline: Pairs, vs_parent: Pairs) -> SetCounts:
+        return cls(
+            rule=rule, n=len(vs_baseline),
+            baseline_correct=sum(correct(b) for b, _ in vs_baseline),
+            stage_correct=sum(correct(s) for _, s in vs_baseline),
+            broke=sum(correct(b) and not correct(s) for b, s in vs_baseline),
+            fixed=sum(not correct(b) and correct(s) for b, s in vs_baseline),
+            parent_broke=sum(correct(p) and not correct(s) for p, s in vs_parent),
+            parent_fixed=sum(not correct(p) and correct(s) for p, s in vs_parent),
+        )
 
-    def _recovery(self, difference: float) -> float | None:
-        if self.baseline_accuracy <= 0:
-            return None
-        return 1 + difference / self.baseline_accuracy
+    @property
+    def stratum(self) -> Stratum:
+        return Stratum(self.n, self.broke, self.fixed)
+
+    def bound(self, margin: float) -> str | None:
+        """Why this set cannot vouch at this margin, or None.
+
+        At the floor the baseline gets fewer items right than the margin's worth, so even losing
+        every one of them is not a margin-sized drop; at the ceiling it gets fewer wrong, so the
+        set cannot show the stage at its worst either way.
+        """
+        room = math.ceil(margin * self.n)
+        if self.baseline_correct < room:
+            return f"at the floor: the baseline answers {self.baseline_correct}/{self.n} right"
+        if self.n - self.baseline_correct < room:
+            return f"at the ceiling: the baseline answers {self.baseline_correct}/{self.n} right"
+        return None
+
+    def summary(self) -> str:
+        return (f"{self.stage_correct}/{self.n} vs baseline {self.baseline_correct}/{self.n} "
+                f"({self.broke} right->wrong, {self.fixed} wrong->right)")
 
 
-def _set_stats(
-    rule: str,
-    vs_baseline: list[tuple[QualityItem, QualityItem]],
-    vs_parent: list[tuple[QualityItem, QualityItem]],
-    recovery: float,
-    policy: GatePolicy,
-) -> SetStats:
+def _interval_text(estimate: float, low: float, high: float, level: float) -> str:
+    return (f"paired diff {points(estimate)} pts, one-sided {1 - level:.1%} score bounds "
+            f"[{points(low)}, {points(high)}]")
+
+
+def pooled_check(sets: list[SetCounts], margin: float, precision: str,
+                 policy: GatePolicy) -> Check:
+    """The required rule: equal-weight stratified non-inferiority over the sets that can vouch."""
     q = policy.quality
-    base = np.array([b.score >= 0.5 for b, _ in vs_baseline], dtype=float)
-    mine = np.array([s.score >= 0.5 for _, s in vs_baseline], dtype=float)
-    difference = stats.mean_ci(mine - base, q.confidence, q.bootstrap_resamples, q.seed)
-    broke = sum(1 for p, s in vs_parent if p.score >= 0.5 > s.score)
-    fixed = sum(1 for p, s in vs_parent if p.score < 0.5 <= s.score)
-    n = len(vs_baseline)
-    discordance = max(float(np.mean(mine != base)), q.planning_discordance)
-    margin = (1 - recovery) * float(base.mean())
-    return SetStats(
-        rule=rule, n=n, baseline_accuracy=float(base.mean()), stage_accuracy=float(mine.mean()),
-        difference=difference, broke=broke, fixed=fixed,
-        p_worse=stats.mcnemar_worse(broke, fixed),
-        p_worse_baseline=stats.mcnemar_worse(int(np.sum(base > mine)), int(np.sum(mine > base))),
-        discordance=discordance, margin=margin,
-        mde=stats.paired_mde(n, discordance, q.confidence, q.power),
-        needed=stats.items_needed(margin, discordance, q.confidence, q.power),
-    )
-
-
-def _set_check(s: SetStats, p_holm: float, p_holm_baseline: float, recovery: float,
-               required: bool, policy: GatePolicy) -> Check:
-    q = policy.quality
-    d = s.difference
+    level = look_alpha(q.alpha, q.max_looks)
+    vouching = [s for s in sets if s.bound(margin) is None]
+    left_out = [f"{s.rule.removeprefix('quality.')} ({s.bound(margin)})"
+                for s in sets if s.bound(margin)]
+    note = f"; left out: {', '.join(left_out)}" if left_out else ""
+    if not vouching:
+        return judged("quality.accuracy", "inconclusive", True,
+                      f"no eval set can vouch for accuracy at a {100 * margin:.0f}-point margin{note}",
+                      details={"sets": 0, "margin": margin})
+    strata = [s.stratum for s in vouching]
+    estimate, low, high = score_interval(strata, level)
+    sizes = [s.n for s in vouching]
+    power = simulated_power(sizes, margin, q.planning_discordance, level, seed=q.seed, draws=4000)
+    outcome = "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
+    per_set = ", ".join(f"{s.rule.removeprefix('quality.')} {s.summary()}" for s in vouching)
     reason = (
-        f"accuracy {s.stage_accuracy:.3f} vs baseline {s.baseline_accuracy:.3f}: paired diff "
-        f"{points(d.estimate)} pts, {q.confidence:.0%} CI [{points(d.low)}, {points(d.high)}], "
-        f"margin -{100 * s.margin:.1f} pts (recovery {recovery}); "
-        f"flips vs parent {s.broke} correct->wrong, {s.fixed} wrong->correct "
-        f"(McNemar p={s.p_worse:.3g}, Holm {p_holm:.3g}); n={s.n}, MDE {100 * s.mde:.1f} pts"
+        f"{_interval_text(estimate, low, high, level)} over {len(vouching)} sets "
+        f"({sum(sizes)} items, equal weights; {per_set}); "
+        f"margin -{100 * margin:.0f} pts ({precision}); alpha {q.alpha} split over {q.max_looks} looks; "
+        f"power {power:.0%} for an equivalent stage at {q.planning_discordance:.0%} flips{note}"
     )
-    fields = {"value": d.low, "limit": -s.margin, "details": s.details(p_holm, p_holm_baseline)}
+    if outcome == "inconclusive":
+        reason += "; score more items to decide"
+    return judged("quality.accuracy", outcome, True, reason, value=low, limit=-margin, details={
+        "difference": estimate, "ci_low": low, "ci_high": high, "margin": margin,
+        "n": sum(sizes), "sets": len(vouching), "alpha_per_look": level, "power": power,
+        "looks": q.max_looks,
+    })
+
+
+def set_check(s: SetCounts, p_holm: float, margin: float, required: bool,
+              policy: GatePolicy) -> Check:
+    """Per set: fails on confident harm or significant flips vs the parent; else shown."""
+    q = policy.quality
+    level = look_alpha(q.alpha, q.max_looks)
+    estimate, low, high = score_interval([s.stratum], level)
+    p_parent = stats.mcnemar_worse(s.parent_broke, s.parent_fixed)
+    reason = (
+        f"accuracy {s.summary()}: {_interval_text(estimate, low, high, level)}, margin "
+        f"-{100 * margin:.0f} pts; flips vs parent {s.parent_broke} right->wrong, "
+        f"{s.parent_fixed} wrong->right (McNemar p={p_parent:.3g}, Holm {p_holm:.3g})"
+    )
+    details = {"n": s.n, "baseline_accuracy": s.baseline_correct / s.n,
+               "stage_accuracy": s.stage_correct / s.n, "difference": estimate,
+               "ci_low": low, "ci_high": high, "margin": margin, "broke": s.broke,
+               "fixed": s.fixed, "parent_broke": s.parent_broke, "parent_fixed": s.parent_fixed,
+               "p_mcnemar": p_parent, "p_holm": p_holm}
+    fields = {"value": low, "limit": -margin, "details": details}
     if p_holm < q.alpha:
         return judged(s.rule, "fail", required,
-                      f"significantly more correct->wrong flips (Holm p < {q.alpha}): " + reason,
+                      f"significantly more right->wrong flips (Holm p < {q.alpha}): " + reason,
                       **fields)
-    # A bootstrap of a few discordant items has too thin a tail to prove harm on its own: a set is
-    # inferior only when the exact McNemar test against the baseline agrees.
-    if d.high < -s.margin and p_holm_baseline < q.alpha:
-        return judged(s.rule, "fail", required,
-                      "worse than the tolerance even at the upper bound: " + reason, **fields)
-    if d.low >= -s.margin:
+    if high < -margin:
+        return judged(s.rule, "fail", required, "worse than the margin even at the upper bound: "
+                      + reason, **fields)
+    if s.bound(margin):
+        return judged(s.rule, "inconclusive", False, f"{s.bound(margin)}, cannot vouch: " + reason,
+                      **fields)
+    if low >= -margin:
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
     return judged(s.rule, "inconclusive", required,
-                  reason + f"; the set would need ~{s.needed:,} items to bound the margin",
-                  **fields)
+                  reason + " (the pooled rule quality.accuracy decides)", **fields)
+
+
+def measured_sets(stage: QualityResult, parent: QualityResult, baseline: QualityResult,
+                  ) -> tuple[dict[str, tuple[Pairs, Pairs]], dict[str, str]]:
+    """Per set name in any of the three: (pairs vs baseline, pairs vs parent), or why missing."""
+    names = sorted(set(stage.tasks) | set(parent.tasks) | set(baseline.tasks))
+    paired, problems = {}, {}
+    for name in names:
+        absent = [who for who, result in (("stage", stage), ("parent", parent),
+                                          ("baseline", baseline)) if name not in result.tasks]
+        if absent:
+            problems[name] = f"set {name!r} on the {' and the '.join(absent)}"
+            continue
+        task = stage.tasks[name]
+        paired[name] = (paired_items(baseline.tasks[name], task),
+                        paired_items(parent.tasks[name], task))
+    return paired, problems
 
 
 def quality_checks(
     stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy
 ) -> list[Check]:
-    """Per set: McNemar flips vs the parent (Holm) and non-inferiority vs the baseline; per bucket."""
+    """The pooled non-inferiority rule, then per set and per group: harm and flips."""
     q = policy.quality
     if stage.quality is None or parent.quality is None or baseline.quality is None:
         return [missing("quality", "quality")]
-    recovery = policy.tolerance(precision_class(stage.axes)).recovery
-    checks: list[Check] = []
-    measured: list[tuple[SetStats, bool]] = []
-    for name, parent_task in parent.quality.tasks.items():
+    precision = precision_class(stage.axes)
+    margin = policy.tolerance(precision).accuracy_margin
+    paired, problems = measured_sets(stage.quality, parent.quality, baseline.quality)
+    checks = [missing(f"quality.{name}", problem) for name, problem in problems.items()]
+    sets: list[SetCounts] = []
+    groups: list[SetCounts] = []
+    for name, (vs_baseline, vs_parent) in paired.items():
         rule = f"quality.{name}"
-        task = stage.quality.tasks.get(name)
-        base_task = baseline.quality.tasks.get(name)
-        if task is None or base_task is None:
-            checks.append(missing(rule, f"set {name!r}" + ("" if task else " on this stage")))
-            continue
-        vs_baseline, vs_parent = paired_items(base_task, task), paired_items(parent_task, task)
         n = min(len(vs_baseline), len(vs_parent))
         if n < q.min_items:
             checks.append(Check(
@@ -128,36 +179,31 @@ def quality_checks(
                 reason=f"only {n} paired items (< {q.min_items}): cannot decide, fail closed",
             ))
             continue
-        measured.append((_set_stats(rule, vs_baseline, vs_parent, recovery, policy),
-                         q.accuracy_required))
-        groups = sorted({b.group for b, _ in vs_baseline if b.group}, key=natural_order)
-        for group in groups:
+        sets.append(SetCounts.of(rule, vs_baseline, vs_parent))
+        for group in sorted({b.group for b, _ in vs_baseline if b.group}, key=natural_order):
             in_group = [(b, s) for b, s in vs_baseline if b.group == group]
             ids = {b.id for b, _ in in_group}
-            in_parent = [(p, s) for p, s in vs_parent if s.id in ids]
-            bucket = f"quality.{name}.{group}"  # per group: long-context buckets, business kinds
-            if len(in_group) < q.min_items:
+            counts = SetCounts.of(f"{rule}.{group}", in_group,
+                                  [(p, s) for p, s in vs_parent if s.id in ids])
+            if counts.n < q.min_items:
                 checks.append(judged(
-                    bucket, "inconclusive", q.long_context_required,
-                    f"only {len(in_group)} paired items in bucket {group!r} (< {q.min_items})",
-                    value=len(in_group), limit=q.min_items, details=_bucket_details(in_group),
+                    counts.rule, "inconclusive", q.long_context_required,
+                    f"only {counts.n} paired items in group {group!r} (< {q.min_items}): "
+                    f"{counts.summary()}", value=counts.n, limit=q.min_items,
+                    details={"n": counts.n, "baseline_accuracy": counts.baseline_correct / counts.n,
+                             "stage_accuracy": counts.stage_correct / counts.n},
                 ))
                 continue
-            measured.append((_set_stats(bucket, in_group, in_parent, recovery, policy),
-                             q.long_context_required))
-    adjusted = stats.holm({s.rule: s.p_worse for s, _ in measured})
-    adjusted_baseline = stats.holm({s.rule: s.p_worse_baseline for s, _ in measured})
-    checks += [_set_check(s, adjusted[s.rule], adjusted_baseline[s.rule], recovery, required, policy)
-               for s, required in measured]
+            groups.append(counts)
+    if not problems and sets:
+        checks.insert(0, pooled_check(sets, margin, precision, policy))
+    elif not sets:
+        checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
+    measured = [(s, False) for s in sets] + [(g, q.long_context_required) for g in groups]
+    adjusted = stats.holm({s.rule: stats.mcnemar_worse(s.parent_broke, s.parent_fixed)
+                           for s, _ in measured})
+    checks += [set_check(s, adjusted[s.rule], margin, required, policy) for s, required in measured]
     return checks
-
-
-def _bucket_details(pairs: list[tuple[QualityItem, QualityItem]]) -> dict[str, float | int | None]:
-    if not pairs:
-        return {"n": 0}
-    return {"n": len(pairs),
-            "baseline_accuracy": float(np.mean([b.score >= 0.5 for b, _ in pairs])),
-            "stage_accuracy": float(np.mean([s.score >= 0.5 for _, s in pairs]))}
 
 
 def natural_order(label: str) -> tuple:
@@ -165,5 +211,3 @@ def natural_order(label: str) -> tuple:
     digits = "".join(ch for ch in label if ch.isdigit())
     scale = 1000 if label.lower().rstrip("s").endswith("k") else 1
     return (0, int(digits) * scale, label) if digits else (1, 0, label)
-
-

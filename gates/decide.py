@@ -36,16 +36,23 @@ def candidate_hash(record: StageRecord) -> str:
 
 
 def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Verdict:
-    """Records in run order, baseline first."""
+    """Records in run order, baseline first. Go only when every stage of the tree passed.
+
+    The candidate is the last stage that is not a control; a control stage (the parent's exact
+    configuration served again) is judged like any stage and must pass: it is the team's own
+    noise floor, so a failing control blocks the go as surely as a failing sibling branch.
+    """
     by_name = {record.name: record for record in records}
     baseline = records[0]
+    measured = [r for r in records[1:] if r.kind != "control"]
+    final = measured[-1] if measured else None
     verdicts: dict[str, StageVerdict] = {}
     for record in records:
         if record.parent is None:
             checks = _baseline_checks(record, policy)
         else:
             checks = stage_checks(record, by_name[record.parent], baseline, policy)
-        if record is records[-1] and record.emulated:
+        if record is final and record.emulated:
             checks.append(Check(
                 rule="servable", passed=False,
                 reason="the candidate stage serves dequantized (emulated) weights: what would ship "
@@ -64,15 +71,14 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
             name = by_name[name].parent
         return True
 
-    # Only a configuration that was really served can be rolled back to.
-    accepted = next(
-        (r for r in reversed(records) if chain_passed(r.name) and not r.emulated), None
-    )
-    final_ok = chain_passed(records[-1].name) and len(records) > 1
+    # Only a configuration that was really served can be rolled back to; a control is a copy.
+    accepted = next((r for r in reversed(records)
+                     if chain_passed(r.name) and not r.emulated and r.kind != "control"), None)
+    final_ok = final is not None and all(v.passed for v in verdicts.values())
     reasons = [
         f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.failures
     ]
-    if len(records) == 1:
+    if final is None:
         reasons.append("no candidate stage was measured")
     advisories = [f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.advisories]
     command = accepted.facts.command_line() if accepted and accepted.facts else None
@@ -86,7 +92,7 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         advisories=advisories,
         rollback_plan=RollbackPlan(stage=accepted.name, command=command, axes=accepted.axes,
                                    fingerprint=accepted.fingerprint) if accepted else None,
-        candidate_hash=candidate_hash(records[-1]),
+        candidate_hash=candidate_hash(final or records[-1]),
         policy=policy.model_dump(mode="json"),
     )
 

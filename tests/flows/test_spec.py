@@ -66,6 +66,25 @@ def test_stage_changing_nothing_is_refused(tmp_path):
         plan(load_spec(path))
 
 
+def test_a_control_stage_serves_its_parent_again(tmp_path):
+    models = make_demo_checkpoints(tmp_path / "models")
+    stages = plan(load_spec(write_spec(tmp_path, stages=[
+        {"name": "control", "kind": "control", "parent": "baseline"},
+        {"name": "w8", "kind": "weights", "parent": "baseline", "checkpoint": str(models["w8a16"])},
+    ])))
+    control = stages[1]
+    assert control.kind == "control" and control.parent == "baseline" and control.changed == []
+    assert control.axes == stages[0].axes and control.checkpoint == stages[0].checkpoint
+    assert control.engine_flags == stages[0].engine_flags
+
+
+def test_a_control_stage_with_its_own_checkpoint_or_flags_is_refused(tmp_path):
+    models = make_demo_checkpoints(tmp_path / "models")
+    for extra in ({"checkpoint": str(models["w8a16"])}, {"engine_flags": {"kv_cache_dtype": "fp8"}}):
+        with pytest.raises(SpecError, match="is a control: it serves its parent's exact"):
+            load_spec(write_spec(tmp_path, stages=[{"name": "c", "kind": "control", **extra}]))
+
+
 def test_label_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
     models = make_demo_checkpoints(tmp_path / "models")
     path = write_spec(tmp_path, stages=[

@@ -6,7 +6,7 @@ from gates.decide import decide, load_records
 from gates.policy import GatePolicy, load_policy
 from gates.record import RunManifest
 from infra.errors import SpecError
-from tests.gates.records import record
+from tests.gates.records import paired, record
 
 POLICY = GatePolicy()
 BASE_SCORES = [1.0] * 30 + [0.0] * 30
@@ -28,8 +28,8 @@ def test_broken_items_roll_back_with_flip_counts():
     verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", broken)],
                      POLICY)
     assert verdict.decision == "rollback" and verdict.exit_code == 1
-    assert failed_rules(verdict, "w") == ["quality.math"]
-    assert "12 correct->wrong, 0 wrong->correct" in verdict.reasons[0]
+    assert failed_rules(verdict, "w") == ["quality.accuracy", "quality.math"]
+    assert "12 right->wrong, 0 wrong->right" in verdict.reasons[0]
     assert verdict.accepted_stage == "baseline"
     assert verdict.rollback_command == "vllm --model baseline"
 
@@ -49,6 +49,7 @@ def test_perplexity_latency_errors_and_length_each_fail():
         record("kv", "a", BASE_SCORES, perplexity=12.0, tpot=40.0, errors=5,
                lengths=[60] * 60, kind="kv_cache"),
     ]
+    stages[2].paired_load = paired("w", ratio=1.6)  # timed against its parent in rounds
     verdict = decide("c", stages, POLICY)
     assert failed_rules(verdict, "w") == ["perplexity.parent"]
     assert failed_rules(verdict, "a") == ["perplexity.baseline", "latency.low.tpot_p50_ms"]
@@ -140,7 +141,29 @@ def test_stage_after_an_emulated_parent_is_timed_against_the_baseline():
         record("a", "w", BASE_SCORES, kind="activations", tpot=60.0),
     ]
     stages[1].emulated = True
+    stages[2].paired_load = paired("baseline", ratio=2.4)  # the flow timed it against the baseline
     verdict = decide("c", stages, POLICY)
     a = {c.rule: c for s in verdict.stages if s.stage == "a" for c in s.checks}
     tpot = a["latency.low.tpot_p50_ms"]
     assert "vs baseline" in tpot.reason and not tpot.passed, tpot.reason
+
+
+def test_a_failing_sibling_branch_or_control_blocks_the_go():
+    good = record("w", "baseline", BASE_SCORES)
+    bad_sibling = record("x", "baseline", BASE_SCORES, perplexity=14.0)
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), bad_sibling, good], POLICY)
+    assert verdict.decision == "rollback" and any(r.startswith("x: ") for r in verdict.reasons)
+    control = record("control", "baseline", BASE_SCORES, perplexity=14.0, kind="control")
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), control, good], POLICY)
+    assert verdict.decision == "rollback" and verdict.reasons[0].startswith("control: ")
+    assert verdict.accepted_stage == "w"  # the candidate's own chain passed
+
+
+def test_a_control_stage_that_holds_goes_and_is_never_the_candidate():
+    control = record("control", "baseline", BASE_SCORES, kind="control")
+    verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", BASE_SCORES),
+                           control], POLICY)
+    assert verdict.decision == "go", verdict.reasons
+    assert verdict.accepted_stage == "w" and "--model w" in verdict.rollback_command
+    alone = decide("c", [record("baseline", None, BASE_SCORES), control], POLICY)
+    assert alone.decision == "rollback" and "no candidate stage was measured" in alone.reasons

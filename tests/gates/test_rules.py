@@ -7,7 +7,7 @@ import json
 from gates.decide import decide
 from gates.policy import GatePolicy
 from gates.verdict import Verdict
-from tests.gates.records import UNQUANTIZED, chain, record
+from tests.gates.records import UNQUANTIZED, chain, paired, record
 
 POLICY = GatePolicy()
 BASE = [1.0] * 40 + [0.0] * 60   # a weak model: 40 % accuracy
@@ -27,39 +27,60 @@ def checks(verdict: Verdict, stage: str) -> dict:
     return {c.rule: c for s in verdict.stages if s.stage == stage for c in s.checks}
 
 
-def test_noisy_but_unbiased_stage_goes_and_says_what_it_did_not_establish():
+def test_noisy_but_unbiased_stage_goes_on_the_pooled_bound():
     stage = record("w", "baseline", with_flips(BASE, 4, 4))
     verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
     assert verdict.decision == "go", verdict.reasons
-    quality = checks(verdict, "w")["quality.math"]
-    assert quality.status == "inconclusive" and quality.passed and not quality.required
-    assert "MDE" in quality.reason and quality.details["items_needed"] > 1000
-    assert len(verdict.advisories) == 1 and "quality.math" in verdict.advisories[0]
+    pooled = checks(verdict, "w")["quality.accuracy"]
+    assert pooled.status == "pass" and pooled.required
+    assert -0.08 < pooled.details["ci_low"] < 0 < pooled.details["ci_high"]
+    assert "power" in pooled.reason and "4 right->wrong, 4 wrong->right" in pooled.reason
 
 
-def test_required_accuracy_bound_that_the_set_cannot_resolve_rolls_back():
-    policy = GatePolicy.model_validate({"quality": {"accuracy_required": True}})
-    stage = record("w", "baseline", with_flips(BASE, 4, 4))
-    verdict = decide("c", [record("baseline", None, BASE), stage], policy)
+def test_an_unresolved_pooled_bound_rolls_back_and_asks_for_more_items():
+    stage = record("w", "baseline", with_flips(BASE, 12, 8))  # -4 pts, 20 % of items flip
+    verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
     assert verdict.decision == "rollback"
-    assert "inconclusive, counts as rollback" in verdict.reasons[0]
-    assert "items to bound the margin" in verdict.reasons[0]
+    pooled = checks(verdict, "w")["quality.accuracy"]
+    assert pooled.status == "inconclusive" and not pooled.passed
+    assert "score more items" in pooled.reason
 
 
 def test_identical_stage_proves_non_inferiority():
-    verdict = decide("c", [record("baseline", None, BASE), record("w", "baseline", BASE)], POLICY)
+    same = record("w", "baseline", BASE, paired_load=paired("baseline"))  # timed in rounds
+    verdict = decide("c", [record("baseline", None, BASE), same], POLICY)
     quality = checks(verdict, "w")["quality.math"]
-    assert quality.status == "pass" and quality.details["ci_low"] == 0.0
+    assert quality.status == "pass" and quality.details["ci_low"] < 0  # a score bound, not 0
+    assert checks(verdict, "w")["quality.accuracy"].status == "pass"
     assert verdict.decision == "go" and verdict.advisories == []
 
 
-def test_one_sided_flips_fail_even_where_the_bound_is_not_required():
+def test_no_flips_on_a_small_set_is_not_proof():
+    """At n=20 a BCa interval of zero flips has zero width; the score bound does not."""
+    small = [1.0] * 8 + [0.0] * 12
+    verdict = decide("c", [record("baseline", None, small), record("w", "baseline", small)], POLICY)
+    pooled = checks(verdict, "w")["quality.accuracy"]
+    assert pooled.status == "inconclusive" and pooled.details["ci_low"] < -0.08
+    assert verdict.decision == "rollback"
+
+
+def test_one_sided_flips_fail_the_set():
     verdict = decide("c", [record("baseline", None, BASE),
                            record("w", "baseline", with_flips(BASE, 10, 1))], POLICY)
     quality = checks(verdict, "w")["quality.math"]
     assert quality.status == "fail" and not quality.passed
-    assert "10 correct->wrong, 1 wrong->correct" in quality.reason
+    assert "10 right->wrong, 1 wrong->right" in quality.reason
     assert quality.details["p_holm"] < 0.05
+
+
+def test_a_set_at_the_floor_cannot_vouch():
+    zero = [0.0] * 60
+    verdict = decide("c", [record("baseline", None, zero), record("w", "baseline", zero)], POLICY)
+    math_set = checks(verdict, "w")["quality.math"]
+    assert math_set.status == "inconclusive" and "at the floor" in math_set.reason
+    pooled = checks(verdict, "w")["quality.accuracy"]
+    assert pooled.status == "inconclusive" and "no eval set can vouch" in pooled.reason
+    assert verdict.decision == "rollback"
 
 
 def test_missing_divergence_fails_closed_unless_the_policy_waives_it():
@@ -82,11 +103,11 @@ def test_kl_and_top1_limits_follow_the_stage_precision():
     assert verdict.stages[1].precision == "4bit" and verdict.decision == "go", verdict.reasons
 
 
-def test_four_bit_stage_is_held_to_a_lower_recovery():
+def test_four_bit_stage_has_its_own_margin():
     stage = record("w", "baseline", BASE, axes=INT4)
     verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
-    quality = checks(verdict, "w")["quality.math"]
-    assert quality.limit == -(1 - 0.97) * 0.4
+    assert checks(verdict, "w")["quality.accuracy"].limit == -0.10
+    assert checks(verdict, "w")["quality.math"].limit == -0.10
 
 
 def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back():
@@ -118,11 +139,13 @@ def test_more_responses_cut_off_at_the_budget_fail():
 def test_latency_is_judged_against_the_measured_noise():
     base = record("baseline", None, BASE, raw_samples=True)
     same = record("w", "baseline", BASE, raw_samples=True, tpot=26.0)
+    same.paired_load = paired("baseline", ratio=26 / 25)
     verdict = decide("c", [base, same], POLICY)
     tpot = checks(verdict, "w")["latency.low.tpot_p50_ms"]
     assert tpot.status == "pass" and tpot.details["ci_low"] < tpot.details["increase"] < tpot.details[
         "ci_high"]
     slow = record("w", "baseline", BASE, raw_samples=True, tpot=40.0)
+    slow.paired_load = paired("baseline", ratio=40 / 25)
     verdict = decide("c", [base, slow], POLICY)
     assert checks(verdict, "w")["latency.low.tpot_p50_ms"].status == "fail"
 
@@ -134,7 +157,7 @@ def test_a_broken_long_context_bucket_fails():
     verdict = decide("c", [record("baseline", None, base, groups=groups),
                            record("w", "baseline", broken, groups=groups)], POLICY)
     bucket = checks(verdict, "w")["quality.math.long"]
-    assert bucket.status == "fail" and "25 correct->wrong" in bucket.reason
+    assert bucket.status == "fail" and "25 right->wrong" in bucket.reason
     assert checks(verdict, "w")["quality.math.short"].status == "pass"
 
 
@@ -148,7 +171,7 @@ def test_verdict_json_carries_the_rollback_plan_and_a_stable_candidate_hash(tmp_
     assert verdict.rollback_plan.stage == "baseline"
     assert verdict.rollback_plan.command == "vllm --model baseline"
     data = json.loads(verdict.save(tmp_path / "verdict.json").read_text())
-    assert data["schema_version"] == "2" and data["policy"]["tolerances"]["8bit"]["recovery"] == 0.99
+    assert data["schema_version"] == "2" and data["policy"]["tolerances"]["8bit"]["accuracy_margin"] == 0.08
     rules = {c["rule"]: c for c in data["stages"][2]["checks"]}
     assert rules["divergence.kl"]["status"] == "fail" and rules["quality.math"]["details"]["n"] == 120
     assert verdict.candidate_hash == decide("demo", chain(), POLICY).candidate_hash
