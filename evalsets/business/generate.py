@@ -2,7 +2,9 @@
 from invoices and emails, and JSON output that must parse and match a schema.
 
 Every row carries its own scorer ('exact', 'contains' or 'json') and reference, so one grader
-serves all of them and a user's own JSONL needs no code. `python -m evalsets.business.generate`
+serves all of them and a user's own JSONL needs no code. Items cycle through the twelve templates
+(classify, extract and json interleaved), so any first N items (an eval-set `limit`) hold the
+three groups in the pool's proportions; no prompt appears twice. `python -m evalsets.business.generate`
 rewrites `evalsets/business/data.jsonl`; the same seed always gives the same file, byte for byte.
 """
 
@@ -19,7 +21,8 @@ from evalsets.jsonl import write_jsonl
 
 DATA_PATH = Path(__file__).with_name("data.jsonl")
 DEFAULT_SEED = 20240611
-DEFAULT_COUNT = 120
+DEFAULT_COUNT = 300  # 25 rounds of the 12 templates
+MAX_REDRAWS = 1000
 
 FIRST = ["Dana", "Omar", "Lena", "Raj", "Sofia", "Tom", "Mei", "Carlos", "Anna", "Kofi", "Nina", "Yusuf"]
 LAST = ["Lee", "Haddad", "Novak", "Patel", "Rossi", "Berg", "Chen", "Ortiz", "Kim", "Mensah", "Weber"]
@@ -37,24 +40,40 @@ TICKETS = {
         "Why does my bill show ${amount} when my plan costs less?",
         "Please send me a corrected invoice for {month}, the tax is wrong.",
         "My credit card was billed after I cancelled the plan.",
+        "I was billed ${amount} for a {product} I never ordered.",
+        "The discount code from {month} was not applied to my invoice.",
+        "Can you split my ${amount} payment into two invoices?",
+        "My receipt for the {product} shows the wrong tax number.",
     ],
     "shipping": [
         "My {product} has not arrived yet and the tracking has not changed in a week.",
         "The parcel with my {product} was delivered to the wrong address.",
         "Can you ship my order to {city} instead?",
         "The courier says my {product} is lost in transit.",
+        "The box with my {product} arrived crushed.",
+        "How long does delivery to {city} usually take?",
+        "I ordered {count} items but only one parcel arrived.",
+        "The tracking number for my {product} does not work.",
     ],
     "technical": [
         "The app crashes every time I open the settings page.",
         "I get error 500 when I upload a file.",
         "My headset will not connect to my computer over Bluetooth.",
         "The dashboard has been loading forever since this morning.",
+        "The firmware update for my {product} failed halfway.",
+        "Since the {month} update the app logs me out every few minutes.",
+        "Exporting a report with {count} rows gives a blank page.",
+        "The search bar returns no results, not even for {product}.",
     ],
     "account": [
         "I forgot my password and the reset email never comes.",
         "Please change the email address on my account.",
         "How do I delete my account and all my data?",
         "My account is locked after too many login attempts.",
+        "Please add {count} more users to our company account.",
+        "I moved to {city}, please update the address on my account.",
+        "My two-factor login codes stopped arriving in {month}.",
+        "Please merge my two accounts into one.",
     ],
 }
 SENTIMENT_LABELS = ("positive", "negative")
@@ -63,21 +82,34 @@ REVIEWS = {
         "The {product} arrived early and works perfectly. Great value!",
         "Excellent quality, I love my new {product}.",
         "Friendly support and a sturdy {product}. Would buy again.",
+        "Setup took five minutes and the {product} looks great.",
+        "Five stars, the {product} is exactly as described.",
+        "My second {product} from this shop, and still very happy with it.",
     ],
     "negative": [
         "The {product} broke after two days. Very disappointed.",
         "Terrible quality, the {product} stopped working in a week.",
         "The {product} is cheap plastic and support never answered.",
+        "The {product} arrived scratched and the box had been opened.",
+        "The {product} looks nothing like the photos. Sending it back.",
+        "One star: the {product} leaks and smells odd.",
     ],
 }
 INTENT_LABELS = ("cancel", "refund", "upgrade")
 INTENTS = {
     "cancel": ["Please cancel my subscription at the end of this month.",
-               "I want to stop my plan, please close it."],
+               "I want to stop my plan, please close it.",
+               "Please end my membership before it renews in {month}.",
+               "We are moving to another provider in {month}, cancel our plan then.",
+               "Cancel the plan for my team of {count}, we no longer need it."],
     "refund": ["The {product} was faulty, I would like my money back.",
-               "Please return the ${amount} you charged me for the {product}."],
+               "Please return the ${amount} you charged me for the {product}.",
+               "I sent the {product} back in {month} and I am still waiting for my money.",
+               "You charged me ${amount} twice, please pay one of them back."],
     "upgrade": ["I would like to move to the Pro plan with more storage.",
-                "Can I get the bigger plan for my team of {count}?"],
+                "Can I get the bigger plan for my team of {count}?",
+                "Our team will grow to {count} people in {month}, we need a larger plan.",
+                "Please switch me to the yearly Pro plan with priority support."],
 }
 
 Row = dict[str, str]
@@ -247,12 +279,33 @@ TEMPLATES: list[Template] = [
 ]
 
 
+def _fresh(template: Template, rng: random.Random, round_: int, seen: set[str],
+           seed: int, index: int) -> Row:
+    """The template's next row; a prompt already in the set is redrawn.
+
+    Redraws use their own generator seeded from (seed, index, attempt), so replacing one repeat
+    leaves every other item exactly as the main sequence made it.
+    """
+    row = template(rng, round_)
+    attempt = 0
+    while row["prompt"] in seen:
+        attempt += 1
+        if attempt > MAX_REDRAWS:
+            raise ValueError(f"biz-{index:04d}: no new prompt left after {MAX_REDRAWS} draws; "
+                             f"ask for fewer items or add texts to the banks")
+        row = template(random.Random(f"{seed}:{index}:{attempt}"), round_)
+    seen.add(row["prompt"])
+    return row
+
+
 def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[Row]:
-    """`count` items cycling through the templates; same seed, same items."""
+    """`count` distinct items cycling through the templates; same seed, same items."""
     rng = random.Random(seed)
+    seen: set[str] = set()
     rows = []
     for index in range(count):
-        row = TEMPLATES[index % len(TEMPLATES)](rng, index // len(TEMPLATES))
+        template = TEMPLATES[index % len(TEMPLATES)]
+        row = _fresh(template, rng, index // len(TEMPLATES), seen, seed, index)
         rows.append({"id": f"biz-{index:04d}", **row, "schema": row.get("schema", "")})
     return rows
 

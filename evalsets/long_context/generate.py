@@ -23,7 +23,7 @@ from evalsets.long_context.buckets import Bucket, load_buckets
 DATA_PATH = Path(__file__).with_name("data.jsonl")
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-bf16"
 DEFAULT_SEED = 20240611
-DEFAULT_PER_BUCKET = 10
+DEFAULT_PER_BUCKET = 30
 
 INTRO = (
     "Below is a long and mostly dull diary. Somewhere inside it a pass key is written down. "

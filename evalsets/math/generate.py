@@ -2,6 +2,8 @@
 
 Three one-step templates with single-digit numbers keep a tiny demo model off the floor (paired
 gates need items that can flip); the other ten are one- and two-step problems in GSM8K style.
+Items cycle through the thirteen templates, so any first N items (an eval-set `limit`) mix
+warm-ups and harder problems in the same proportion as the whole pool. No question appears twice.
 
 `python -m evalsets.math.generate` rewrites `evalsets/math/data.jsonl`; the same seed always
 gives the same file, byte for byte.
@@ -18,7 +20,8 @@ from evalsets.jsonl import write_jsonl
 
 DATA_PATH = Path(__file__).with_name("data.jsonl")
 DEFAULT_SEED = 20240601
-DEFAULT_COUNT = 260
+DEFAULT_COUNT = 1040  # 80 rounds of the 13 templates
+MAX_REDRAWS = 1000
 
 NAMES = [
     "Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas",
@@ -180,13 +183,33 @@ TEMPLATES: list[Callable[[random.Random], Problem]] = [
 ]
 
 
+def _fresh(template: Callable[[random.Random], Problem], rng: random.Random, seen: set[str],
+           seed: int, index: int) -> Problem:
+    """The template's next problem; a question already in the set is redrawn.
+
+    Redraws use their own generator seeded from (seed, index, attempt), so replacing one repeat
+    leaves every other item exactly as the main sequence made it.
+    """
+    question, answer = template(rng)
+    attempt = 0
+    while question in seen:
+        attempt += 1
+        if attempt > MAX_REDRAWS:
+            raise ValueError(f"math-{index:04d}: template {template.__name__} has no new question "
+                             f"left after {MAX_REDRAWS} draws; ask for fewer items")
+        question, answer = template(random.Random(f"{seed}:{index}:{attempt}"))
+    seen.add(question)
+    return question, answer
+
+
 def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict[str, str]]:
-    """`count` problems cycling through the templates; same seed, same problems."""
+    """`count` distinct problems cycling through the templates; same seed, same problems."""
     rng = random.Random(seed)
+    seen: set[str] = set()
     problems = []
     for index in range(count):
         template = TEMPLATES[index % len(TEMPLATES)]
-        question, answer = template(rng)
+        question, answer = _fresh(template, rng, seen, seed, index)
         problems.append({"id": f"math-{index:04d}", "question": question, "answer": str(answer)})
     return problems
 

@@ -32,10 +32,11 @@ def test_same_seed_same_items_and_committed_file_matches():
     assert generate.generate(seed=1) != generate.generate(seed=2)
 
 
-def test_at_least_100_items_covering_every_scorer_and_balanced_labels():
+def test_at_least_300_items_covering_every_scorer_and_balanced_labels():
     items = load_items(generate.DATA_PATH)
-    assert len(items) >= 100
+    assert len(items) >= 300
     assert len({item.id for item in items}) == len(items)
+    assert len({item.prompt for item in items}) == len(items), "a prompt appears twice"
     assert {item.scorer for item in items} == {"exact", "contains", "json"}
     by_question = collections.defaultdict(collections.Counter)  # first line names the label set
     for item in items:
@@ -44,6 +45,21 @@ def test_at_least_100_items_covering_every_scorer_and_balanced_labels():
     assert len(by_question) == 3
     for counts in by_question.values():
         assert max(counts.values()) - min(counts.values()) <= 1, counts
+
+
+def test_every_prefix_interleaves_the_groups():
+    """`limit: N` takes the first N items: each group keeps its share of the pool in any prefix."""
+    groups = [row["group"] for row in ROWS]
+    share = {group: count / len(groups) for group, count in collections.Counter(groups).items()}
+    assert set(share) == {"classify", "extract", "json"}
+    for limit in (12, 20, 40, 100, 120, 200, 300):
+        counts = collections.Counter(groups[:limit])
+        for group, fraction in share.items():
+            assert abs(counts[group] - fraction * limit) <= 2, (limit, counts)
+
+
+def test_a_smaller_pool_is_a_prefix_of_a_larger_one():
+    assert generate.generate(120) == ROWS[:120]
 
 
 def test_every_reference_scores_full_marks_and_a_wrong_answer_none():

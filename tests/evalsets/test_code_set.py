@@ -21,12 +21,24 @@ def test_committed_file_matches_the_generator():
 
 
 def test_enough_tasks_with_unique_ids_and_entry_points():
-    assert len(ROWS) >= 50
+    assert len(ROWS) >= 150
     assert len({row["id"] for row in ROWS}) == len(ROWS)
     assert len({row["entry_point"] for row in ROWS}) == len(ROWS)
     for row in ROWS:
         assert row["tests"].count("assert ") >= 3
         assert f"`{row['entry_point']}(" in row["prompt"]
+
+
+def test_first_sixty_keep_their_ids_and_the_rest_take_the_kinds_in_turn():
+    assert [row["entry_point"] for row in ROWS[:60]] == [t.entry_point for t in generate.FIRST_TASKS]
+    assert ROWS[0]["id"] == "code-0000" and ROWS[0]["entry_point"] == "add"
+    kinds = [generate.NUMBER_TASKS, generate.TEXT_TASKS, generate.LIST_TASKS, generate.MAPPING_TASKS]
+    kind_of = {task.entry_point: number for number, tasks in enumerate(kinds) for task in tasks}
+    later = [kind_of[row["entry_point"]] for row in ROWS[60:]]
+    assert len(later) == len(ROWS) - 60 >= 90
+    shortest = min(len(tasks) for tasks in kinds)
+    assert later[: 4 * shortest] == [0, 1, 2, 3] * shortest
+    assert all(len(tasks) >= 20 for tasks in kinds)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["entry_point"] for row in ROWS])

@@ -47,7 +47,11 @@ def _validate(info: EvalSetInfo) -> None:
 
 
 def test_shipped_sets_pass():
-    validate_sets([EvalSetSpec(name="math"), EvalSetSpec(name="long_context")])
+    sets = [EvalSetSpec(name=name) for name in ("math", "business", "code", "long_context")]
+    validate_sets(sets)
+    rows = {spec.name: contracts.validate_set(spec) for spec in sets}
+    assert rows["math"] >= 1000 and rows["business"] >= 300 and rows["code"] >= 150
+    assert rows["long_context"] >= 4 * 30
 
 
 def test_contract_read_off_task_yaml_when_no_contract_file():

@@ -45,8 +45,9 @@ def test_other_seed_other_problems():
 
 def test_enough_items_with_unique_ids_and_integer_answers():
     problems = generate.generate()
-    assert len(problems) >= 200
+    assert len(problems) >= 1000
     assert len({p["id"] for p in problems}) == len(problems)
+    assert len({p["question"] for p in problems}) == len(problems), "a question appears twice"
     assert set(problems[0]) == {"id", "question", "answer"}
     for problem in problems:
         assert int(problem["answer"]) >= 0
@@ -59,6 +60,21 @@ def test_answers_recomputed_from_question(index):
     for problem in generate.generate()[index :: len(RECOMPUTE)]:
         numbers = _numbers(problem["question"])
         assert str(RECOMPUTE[index](numbers)) == problem["answer"], problem
+
+
+def test_a_smaller_pool_is_a_prefix_of_a_larger_one():
+    """`limit: N` and a pool of N items are the same items, whatever the pool size."""
+    pool = generate.generate()
+    assert generate.generate(260) == pool[:260]
+    assert generate.generate(7) == pool[:7]
+
+
+def test_every_prefix_mixes_warm_ups_and_harder_problems():
+    warm_up = re.compile(r"gets \d more\.|gives away|There are \d bags")
+    flags = [bool(warm_up.search(p["question"])) for p in generate.generate()]
+    for limit in (13, 20, 60, 100, 260, 500, 1000):
+        expected = limit * 3 / len(RECOMPUTE)
+        assert abs(sum(flags[:limit]) - expected) <= 2, (limit, sum(flags[:limit]))
 
 
 def test_share_divides_evenly():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from pathlib import Path
@@ -67,10 +68,28 @@ def test_committed_file_counts_are_the_models_tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
     tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
     rows = _rows()
-    assert len(rows) == 40
     for row in rows:
         text = generate.render(row["context"], row["question"])
         assert len(tokenizer.encode(text, add_special_tokens=False).ids) == row["prompt_tokens"]
+
+
+def test_committed_file_has_30_per_bucket_and_any_prefix_is_balanced():
+    rows = _rows()
+    names = [b.name for b in load_buckets()]
+    per_bucket = collections.Counter(row["bucket"] for row in rows)
+    assert set(per_bucket) == set(names)
+    assert min(per_bucket.values()) >= 30
+    assert [row["bucket"] for row in rows] == names * (len(rows) // len(names))
+    assert collections.Counter(row["bucket"] for row in rows[:40]) == dict.fromkeys(names, 10)
+    kinds = collections.Counter((row["bucket"], row["kind"]) for row in rows[:40])
+    assert set(kinds.values()) == {5}  # the demo's limit 40: 5 single + 5 multi per bucket
+    assert len({row["id"] for row in rows}) == len(rows)
+    assert len({row["context"] for row in rows}) == len(rows)
+
+
+def test_more_per_bucket_keeps_the_first_items():
+    assert generate.generate(_words, per_bucket=3, seed=3)[:8] == generate.generate(
+        _words, per_bucket=2, seed=3)
 
 
 def test_task_template_renders_like_the_generator():
