@@ -253,7 +253,7 @@ def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
 
 
 def validate_set(spec: EvalSetSpec) -> int:
-    """Validate every data file of one set; returns the number of rows checked."""
+    """Validate every data file of one set; returns the rows of the spec's groups (its pool)."""
     info = spec.info
     contract = load_contract(info)
     check_groups(spec, contract)
@@ -263,14 +263,17 @@ def validate_set(spec: EvalSetSpec) -> int:
         if frame.empty:
             raise SpecError(f"{path}: no rows")
         validate_frame(frame, contract, str(path))
+        if spec.groups is not None and contract.group in frame.columns:
+            frame = frame[frame[contract.group].astype(str).isin(spec.groups)]
         rows += len(frame)
     return rows
 
 
-def validate_sets(sets: list[EvalSetSpec]) -> None:
-    """Every selected set against its contract, before any engine starts (raises SpecError)."""
-    for spec in sets:
-        validate_set(spec)
+def validate_sets(sets: list[EvalSetSpec]) -> dict[str, int]:
+    """Every selected set against its contract, before any engine starts (raises SpecError).
+
+    Returns the items each set can draw on (its pool), by name."""
+    return {spec.name: validate_set(spec) for spec in sets}
 
 
 def fit_to_context(sets: list[EvalSetSpec], max_model_len: int | None) -> list[EvalSetSpec]:

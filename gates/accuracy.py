@@ -211,3 +211,64 @@ def natural_order(label: str) -> tuple:
     digits = "".join(ch for ch in label if ch.isdigit())
     scale = 1000 if label.lower().rstrip("s").endswith("k") else 1
     return (0, int(digits) * scale, label) if digits else (1, 0, label)
+
+
+@dataclass
+class PowerPlan:
+    """The pooled test's power for an equivalent stage, at the sizes a spec reaches."""
+
+    precision: str
+    margin: float
+    sizes: dict[str, int]  # items at the first look
+    reachable: dict[str, int]  # items at the last look, within each set's pool
+    power: float
+    needed: dict[str, int] | None  # first-look items that would reach the policy's power
+
+    def describe(self, target: float) -> str:
+        sets = ", ".join(f"{name} {self.sizes[name]}->{self.reachable[name]}" for name in self.sizes)
+        return (f"{self.precision} margin -{100 * self.margin:.0f} pts: power {self.power:.0%} "
+                f"(policy {target:.0%}) with items {sets}")
+
+
+def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
+               policy: GatePolicy) -> PowerPlan:
+    """Power of the pooled accuracy test at the last look, for a stage as good as the baseline
+    whose items flip at the policy's planning rate; and the items that would reach the target."""
+    q = policy.quality
+    margin = policy.tolerance(precision).accuracy_margin
+    level = look_alpha(q.alpha, q.max_looks)
+    names = list(sizes)
+
+    def power_at(first: list[int], draws: int) -> tuple[list[int], float]:
+        reach = [policy.reachable(n, pools[name]) for n, name in zip(first, names, strict=True)]
+        return reach, simulated_power(reach, margin, q.planning_discordance, level, seed=q.seed,
+                                      draws=draws)
+
+    reach, power = power_at([sizes[n] for n in names], 20_000)
+    needed = None
+    if power < q.power:
+        for factor in (1.25, 1.5, 2, 3, 4, 6, 8, 12, 16):
+            first = [min(pools[n], math.ceil(sizes[n] * factor)) for n in names]
+            if power_at(first, 4000)[1] >= q.power:
+                needed = dict(zip(names, first, strict=True))
+                break
+    return PowerPlan(precision=precision, margin=margin, sizes=dict(sizes),
+                     reachable=dict(zip(names, reach, strict=True)), power=power, needed=needed)
+
+
+def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
+               policy: GatePolicy, pools: dict[str, int]) -> dict[str, int] | None:
+    """The items per set for the next look, when the pooled rule is still inconclusive and some
+    set has items left; None when the rule decided or nothing can grow."""
+    margin = policy.tolerance(precision).accuracy_margin
+    paired, problems = measured_sets(stage, baseline, baseline)
+    if problems or not paired:
+        return None
+    sets = [SetCounts.of(f"quality.{name}", vs_baseline, vs_parent)
+            for name, (vs_baseline, vs_parent) in paired.items()]
+    if pooled_check(sets, margin, precision, policy).status != "inconclusive":
+        return None
+    sizes = {name: len(stage.tasks[name].items) for name in paired}
+    grown = {name: min(pools.get(name, n), math.ceil(n * policy.quality.growth))
+             for name, n in sizes.items()}
+    return grown if any(grown[name] > sizes[name] for name in sizes) else None

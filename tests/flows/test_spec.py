@@ -147,3 +147,18 @@ def test_missing_or_non_model_checkpoint(tmp_path):
 def test_bundled_demo_specs_parse(name):
     spec = load_spec(REPO / "flows" / "specs" / name)
     assert spec.stages[0].kind == "weights"
+
+
+def test_sets_too_small_for_the_accuracy_gate_are_refused_with_the_items_needed(tmp_path):
+    from flows.acceptance import Prepared
+
+    small = write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
+                       evalsets=[{"name": "math", "limit": 10}])
+    with pytest.raises(SpecError, match=r"too small for the accuracy gate: 8bit margin -8 pts: "
+                       r"power \d+% \(policy 80%\) with items math 10->40; use at least: math limit"):
+        Prepared(small)
+    enough = write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
+                        evalsets=[{"name": "math", "limit": 60}])
+    plans = Prepared(enough).power
+    assert [p.precision for p in plans] == ["8bit"] and plans[0].power >= 0.8
+    assert plans[0].reachable == {"math": 240}

@@ -1,0 +1,102 @@
+"""Adaptive sample size: while the pooled accuracy rule is inconclusive, score more items.
+
+The stage's engine is still up; the baseline is served again beside it (another port, the same
+cores) only for the items it has not answered yet, and its stored record grows with them, so a
+later stage needing the same items finds them already scored. Each batch multiplies every set's
+items by the policy's `growth`, within the set's pool, up to `max_looks` looks; the accuracy rule
+splits its alpha over those looks, so looking again cannot buy a false go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from evalsets.contracts import fit_to_context
+from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.runner import run_evalset, token_counter
+from evalsets.spec import EvalSetSpec
+from flows.plan import Stage
+from flows.spec import Spec
+from gates.accuracy import more_items
+from gates.policy import GatePolicy, precision_class
+from gates.record import StageRecord
+from infra.engine import EngineFacts, engine_class
+
+log = logging.getLogger(__name__)
+
+# The baseline's second engine binds the stage's port + this (the load reference takes + 1).
+BASELINE_PORT_OFFSET = 2
+
+
+def _extend(task: TaskQuality, items: list[QualityItem]) -> None:
+    known = {item.id for item in task.items}
+    task.items += [item for item in items if item.id not in known]
+    task.value = sum(item.score for item in task.items) / len(task.items)
+
+
+def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir: Path,
+           tokenizer_dir: Path, chat_template: bool, num_concurrent: int) -> list[QualityItem]:
+    batch = spec.model_copy(update={"limit": stop - start})
+    task = run_evalset(facts.base_url, facts.model, batch, out_dir, token_counter(tokenizer_dir),
+                       chat_template, num_concurrent, start=start)
+    return task.items
+
+
+def grow_until_decided(
+    stage: Stage, quality: QualityResult, facts: EngineFacts, spec: Spec, baseline: Stage,
+    results_dir: Path, policy: GatePolicy, pools: dict[str, int], num_concurrent: int,
+) -> QualityResult:
+    """Score more items on the stage (and the baseline) until the pooled rule decides."""
+    baseline_folder = results_dir / baseline.name
+    base_record = StageRecord.read(baseline_folder)
+    if base_record.quality is None:
+        return quality
+    precision = precision_class(stage.axes.model_dump(exclude={"emulated"}))
+    sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        base_facts: EngineFacts | None = None
+        while quality.looks < policy.quality.max_looks:
+            sizes = more_items(quality, base_record.quality, precision, policy, pools)
+            if sizes is None:
+                break
+            quality.looks += 1
+            log.info("stage %s: accuracy inconclusive, look %d with %s", stage.name, quality.looks,
+                     ", ".join(f"{name} {n} items" for name, n in sizes.items()))
+            for name, wanted in sizes.items():
+                base_task, task = base_record.quality.tasks[name], quality.tasks[name]
+                if wanted > len(base_task.items):
+                    if base_facts is None:
+                        base_facts = stack.enter_context(_baseline_engine(spec, baseline,
+                                                                          baseline_folder))
+                    _extend(base_task, _score(
+                        base_facts, sets[name], len(base_task.items), wanted,
+                        baseline_folder / "quality", baseline.checkpoint, spec.chat_template,
+                        num_concurrent))
+                before = len(task.items)
+                if wanted > before:
+                    _extend(task, _score(facts, sets[name], before, wanted,
+                                         results_dir / stage.name / "quality", stage.checkpoint,
+                                         spec.chat_template, num_concurrent))
+                    quality.added_items[name] = quality.added_items.get(name, 0) + len(
+                        task.items) - before
+            base_record.save(baseline_folder)
+            base_record.quality.save(baseline_folder / "quality")
+    quality.added_s += time.monotonic() - started
+    quality.save(results_dir / stage.name / "quality")
+    return quality
+
+
+@contextlib.contextmanager
+def _baseline_engine(spec: Spec, baseline: Stage, folder: Path):
+    engine_spec = spec.engine
+    if engine_spec.kind == "vllm":
+        engine_spec = engine_spec.model_copy(
+            update={"port": engine_spec.port + BASELINE_PORT_OFFSET})
+    engine = engine_class(engine_spec.kind)(engine_spec, baseline.checkpoint, baseline.engine_flags,
+                                            folder / "engine-more-items.log", baseline.name)
+    with engine as facts:
+        yield facts

@@ -1,0 +1,76 @@
+"""Adaptive sample size: more items while the pooled accuracy rule is inconclusive."""
+
+from __future__ import annotations
+
+import contextlib
+
+from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.runner import _slice
+from flows import adaptive
+from flows.plan import plan
+from flows.spec import load_spec
+from gates.accuracy import more_items
+from gates.policy import GatePolicy
+from gates.record import StageRecord
+from infra.engine import EngineFacts
+from tests.flows.test_spec import write_spec
+
+POLICY = GatePolicy()
+
+
+def answers(name: str, scores: list[float]) -> QualityResult:
+    items = [QualityItem(id=str(i), prompt_hash="h", response="r", score=s, output_tokens=5)
+             for i, s in enumerate(scores)]
+    return QualityResult(tasks={name: TaskQuality(task=name, metric="acc", value=0.0, items=items)})
+
+
+def truth(i: int) -> float:
+    return float(i % 3 == 0)  # the baseline gets a third right; the stage repeats it exactly
+
+
+def test_slice_selects_a_later_batch_after_the_group_filter():
+    from datasets import Dataset
+
+    data = Dataset.from_list([{"id": i, "g": "a" if i % 2 else "b"} for i in range(20)])
+    only_a = _slice(lambda ds: ds.filter(lambda d: d["g"] == "a"), 3, 6)
+    assert [d["id"] for d in only_a(data)] == [7, 9, 11]
+    assert [d["id"] for d in _slice(None, 18, 30)(data)] == [18, 19]
+
+
+def test_more_items_only_while_inconclusive_and_within_the_pool():
+    small = answers("math", [truth(i) for i in range(40)])
+    assert more_items(small, small, "8bit", POLICY, {"math": 1000}) == {"math": 80}
+    assert more_items(small, small, "8bit", POLICY, {"math": 40}) is None  # nothing left
+    large = answers("math", [truth(i) for i in range(120)])
+    assert more_items(large, large, "8bit", POLICY, {"math": 1000}) is None  # decided: pass
+
+
+def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_path, monkeypatch):
+    spec = load_spec(write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
+                                evalsets=[{"name": "math", "limit": 40}]))
+    baseline, control = plan(spec)
+    results = tmp_path / "run"
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={},
+                quality=answers("math", [truth(i) for i in range(40)])).save(results / "baseline")
+    scored: list[tuple[str, int, int]] = []
+
+    def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent):
+        scored.append((facts.model, start, stop))
+        return answers("math", [truth(i) for i in range(stop)]).tasks["math"].items[start:]
+
+    @contextlib.contextmanager
+    def fake_engine(spec_, stage, folder):
+        yield EngineFacts(base_url="http://b", model="baseline", command=["vllm"])
+
+    monkeypatch.setattr(adaptive, "_score", fake_score)
+    monkeypatch.setattr(adaptive, "_baseline_engine", fake_engine)
+    stage_facts = EngineFacts(base_url="http://s", model="control", command=["vllm"])
+    quality = adaptive.grow_until_decided(
+        control, answers("math", [truth(i) for i in range(40)]), stage_facts, spec, baseline,
+        results, POLICY, {"math": 1000}, 2)
+    assert scored == [("baseline", 40, 80), ("control", 40, 80)]  # one look was enough
+    assert quality.looks == 2 and quality.added_items == {"math": 40}
+    assert len(quality.tasks["math"].items) == 80
+    stored = StageRecord.read(results / "baseline")
+    assert len(stored.quality.tasks["math"].items) == 80  # the next stage finds them scored
+    assert QualityResult.read(results / "control" / "quality").looks == 2
