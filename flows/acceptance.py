@@ -23,8 +23,11 @@ from gates.verdict import Verdict
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError
+from infra.vllm_engine import port_free
+from load.launch import free_port
+from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
-from load.results import LoadResult
+from load.results import LoadResult, PairedLoad
 from load.runner import run_load
 
 
@@ -74,6 +77,47 @@ def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path) -> Load
     return run_load(facts.base_url, facts.model, profile, folder / "load")
 
 
+@task(name="paired load", cache_policy=NO_CACHE)
+def measure_paired_load(
+    facts: EngineFacts, reference_facts: EngineFacts, reference: Stage, profile: LoadProfile,
+    folder: Path,
+) -> tuple[LoadResult, PairedLoad]:
+    return run_paired_load(
+        Server(facts.base_url, facts.model), Server(reference_facts.base_url, reference_facts.model),
+        reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
+    )
+
+
+def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
+    """The stage a timed stage is raced against: its parent, or the nearest really-served
+    ancestor. None: the stage is measured alone (the baseline, an emulated stage, or external
+    engines that serve both from one URL)."""
+    if stage.parent is None or stage.axes.emulated:
+        return None
+    stages = {s.name: s for s in prepared.stages}
+    reference = stages[stage.parent]
+    while reference.axes.emulated and reference.parent is not None:
+        reference = stages[reference.parent]
+    engine = prepared.spec.engine
+    if engine.kind == "external":
+        urls = [engine.stage_urls.get(name, engine.url) for name in (stage.name, reference.name)]
+        if urls[0] == urls[1]:
+            return None
+    return reference
+
+
+def reference_engine(prepared: Prepared, reference: Stage, folder: Path):
+    """The reference's engine, beside the stage's: same cores and settings, its own port and log."""
+    engine = prepared.spec.engine
+    if engine.kind == "vllm":
+        port = engine.port + 1 if port_free(engine.host, engine.port + 1) else free_port()
+        engine = engine.model_copy(update={"port": port})
+    return engine_class(engine.kind)(
+        engine, reference.checkpoint, reference.engine_flags, folder / "reference-engine.log",
+        reference.name,
+    )
+
+
 def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings) -> StageRecord:
     """Start the engine, measure, stop; a failed measurement is kept as the stage's error."""
     logger = get_run_logger()
@@ -93,7 +137,17 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
                         facts.kv_cache_tokens)
             record.quality = measure_quality(facts, stage, spec, folder, settings)
-            record.load = measure_load(facts, prepared.profile, folder)
+            reference = timed_against(stage, prepared)
+            if reference is None:
+                record.load = measure_load(facts, prepared.profile, folder)
+            else:
+                # Both engines up at once, loaded in alternating rounds: drift between runs hits
+                # both sides of a round alike (load/README.md).
+                logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
+                            reference.name)
+                with reference_engine(prepared, reference, folder) as reference_facts:
+                    record.load, record.paired_load = measure_paired_load(
+                        facts, reference_facts, reference, prepared.profile, folder)
     except MeasurementError as err:
         record.error = str(err)
         logger.error("stage %s: %s", stage.name, err)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gates.accuracy import quality_checks
 from gates.divergence import divergence_checks, perplexity_checks
 from gates.latency import load_checks
@@ -43,8 +45,10 @@ def engine_check(stage: StageRecord, parent: StageRecord, baseline: StageRecord)
 
 
 def stage_checks(
-    stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy
+    stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy,
+    records: Mapping[str, StageRecord] | None = None,
 ) -> list[Check]:
+    """`records`: every stage by name, so that cumulative rules can walk the whole chain."""
     if stage.error:
         return [Check(rule="stage", passed=False, reason=f"stage did not finish: {stage.error}")]
     if parent.error:
@@ -54,7 +58,7 @@ def stage_checks(
         quality_checks(stage, parent, baseline, policy)
         + divergence_checks(stage, policy)
         + perplexity_checks(stage, parent, baseline, policy)
-        + load_checks(stage, parent, baseline, policy)
+        + load_checks(stage, parent, baseline, policy, records)
         + length_checks(stage, parent, policy)
         + [engine_check(stage, parent, baseline)]
     )

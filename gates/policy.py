@@ -59,8 +59,18 @@ class PerplexityRules(Rules):
 
 class LatencyRules(Rules):
     level: str = Field("low", description="Which load level judges latency.")
-    max_tpot_p50_increase: float = Field(0.25, ge=0, description="Relative, vs the parent.")
-    max_ttft_p50_increase: float = Field(0.50, ge=0, description="Relative, vs the parent.")
+    max_tpot_p50_increase: float = Field(
+        0.25, ge=0, description="Relative, vs the reference (parent, or nearest served ancestor)."
+    )
+    max_ttft_p50_increase: float = Field(
+        0.50, ge=0, description="Relative, vs the reference (parent, or nearest served ancestor)."
+    )
+    max_tpot_p50_increase_vs_baseline: float = Field(
+        0.25, ge=0, description="Relative, summed over the chain of timed steps to the baseline."
+    )
+    max_ttft_p50_increase_vs_baseline: float = Field(
+        0.50, ge=0, description="Relative, summed over the chain of timed steps to the baseline."
+    )
     required: bool = Field(
         False, description="A regression that the measured noise cannot resolve blocks the go."
     )

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from infra.engine import EngineFacts
-from load.results import LoadResult
+from load.results import LoadResult, PairedLoad
 
 
 class StageRecord(BaseModel):
@@ -22,6 +22,10 @@ class StageRecord(BaseModel):
     facts: EngineFacts | None = None
     quality: QualityResult | None = None
     load: LoadResult | None = None
+    paired_load: PairedLoad | None = Field(
+        default=None,
+        description="Timed stages: interleaved rounds against the reference (the latency gate).",
+    )
     error: str | None = Field(default=None, description="Why the stage could not finish.")
 
     def save(self, folder: Path) -> None:

@@ -99,6 +99,20 @@ class LoadProfile(BaseModel):
     repeats: int = Field(
         default=1, ge=1, le=20, description="Runs per level; 2 or more give confidence intervals."
     )
+    rounds: int = Field(
+        default=3,
+        ge=3,
+        le=20,
+        description="A timed stage and its reference run in this many interleaved rounds per "
+        "level (reference then stage, then stage then reference, ...); the latency gate's "
+        "t-interval over per-round ratios needs at least 3.",
+    )
+    round_requests: int = Field(
+        default=6, ge=2, description="Measured requests per side, level and round (a count)."
+    )
+    round_warmup_requests: int = Field(
+        default=1, ge=0, description="Unmeasured first requests of each side's run in a round."
+    )
     max_error_rate: float = Field(
         default=0.01, ge=0, le=1, description="Highest acceptable share of failed requests."
     )

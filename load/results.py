@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
@@ -142,23 +145,6 @@ class LoadResult(BaseModel):
         rows = [s.model_dump() | {"tpot_ms": s.tpot_ms} for s in self.samples.get(level, [])]
         return pd.DataFrame(rows)
 
-    def error_limit_failures(self, limit: float | None = None) -> list[str]:
-        """Levels whose error rate is over `limit` (default: the profile's), as reasons.
-
-        A level with no requests at all counts as failed: nothing measured is not a pass.
-        """
-        limit = self.max_error_rate if limit is None else limit
-        if limit is None:
-            return []
-        failures = []
-        for level, summary in self.summaries.items():
-            if summary.requests == 0 or summary.error_rate > limit:
-                failures.append(
-                    f"{level}: {summary.errors}/{summary.requests} requests failed "
-                    f"({summary.error_rate:.1%}, limit {limit:.1%})"
-                )
-        return failures
-
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "load.json"
@@ -168,3 +154,60 @@ class LoadResult(BaseModel):
     @classmethod
     def read(cls, folder: Path) -> LoadResult:
         return cls.model_validate_json((folder / "load.json").read_text())
+
+
+Side = Literal["reference", "stage"]
+Metric = Literal["tpot", "ttft"]
+
+
+def median_ms(samples: list[LoadSample], metric: Metric) -> float | None:
+    """Median TPOT or TTFT of the successful requests; None when none has a positive value."""
+    values = [s.tpot_ms if metric == "tpot" else s.ttft_ms for s in samples if s.error is None]
+    values = [v for v in values if v is not None and v > 0]
+    return float(np.median(values)) if values else None
+
+
+class PairedRound(BaseModel):
+    """One round of one level: the same load against the reference and the stage, back to back."""
+
+    index: int = Field(description="Round number (0-based); both sides got the same prompts.")
+    first: Side = Field(description="Which side ran first; alternates by round (A B, B A, A B...).")
+    reference: list[LoadSample] = Field(default_factory=list, description="Measured samples.")
+    stage: list[LoadSample] = Field(default_factory=list, description="Measured samples.")
+
+    def log_ratio(self, metric: Metric) -> float | None:
+        """log(median stage / median reference); None when either side has no usable request."""
+        mine, theirs = median_ms(self.stage, metric), median_ms(self.reference, metric)
+        return math.log(mine / theirs) if mine and theirs else None
+
+
+class PairedLoad(BaseModel):
+    """A stage timed against its reference in interleaved rounds, both engines up at once.
+
+    Run-to-run drift (the main noise on a shared machine) hits both sides of a round alike, so
+    the gates judge the per-round log ratios, not requests pooled across runs.
+    """
+
+    reference: str = Field(description="Stage name of the reference: nearest really-served ancestor.")
+    reference_command: str | None = Field(
+        default=None, description="The reference engine's command line, as it was started."
+    )
+    requests_per_round: int = Field(description="Measured requests per side, level and round.")
+    rounds: dict[str, list[PairedRound]] = Field(
+        default_factory=dict, description="Per level, the rounds in the order they ran."
+    )
+
+    def log_ratios(self, level: str, metric: Metric) -> list[float]:
+        """Per usable round: log(median stage / median reference)."""
+        ratios = (r.log_ratio(metric) for r in self.rounds.get(level, []))
+        return [x for x in ratios if x is not None]
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "paired.json"
+        path.write_text(self.model_dump_json(indent=1))
+        return path
+
+    @classmethod
+    def read(cls, folder: Path) -> PairedLoad:
+        return cls.model_validate_json((folder / "paired.json").read_text())

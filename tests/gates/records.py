@@ -7,7 +7,7 @@ import numpy as np
 from evalsets.results import Divergence, QualityItem, QualityResult, TaskQuality
 from gates.record import StageRecord
 from infra.engine import EngineFacts
-from load.results import LoadResult, LoadSample, LoadSummary
+from load.results import LoadResult, LoadSample, LoadSummary, PairedLoad, PairedRound
 
 UNQUANTIZED = {"weights": "none", "activations": "none", "kv_cache": "auto"}
 
@@ -32,6 +32,48 @@ def samples(tpot: float, ttft: float, n: int = 60, seed: int = 0) -> list[LoadSa
     return out
 
 
+def paired(
+    reference: str,
+    ratio: float = 1.0,
+    ttft_ratio: float = 1.0,
+    rounds: int = 3,
+    drift: float = 0.15,
+    noise: float = 0.05,
+    requests: int = 6,
+    tpot: float = 25.0,
+    ttft: float = 80.0,
+    seed: int = 0,
+) -> PairedLoad:
+    """Interleaved rounds against `reference`: the stage is `ratio` x the reference's TPOT.
+
+    Each round shares one lognormal drift factor (sigma `drift`) between both sides, as two
+    engines timed back to back on a shared machine do; requests add lognormal `noise`.
+    """
+    rng = np.random.default_rng(seed)
+
+    def side(per_token: float, first: float, start: float) -> list[LoadSample]:
+        out = []
+        for i in range(requests):
+            f = first * float(rng.lognormal(0, noise))
+            t = per_token * float(rng.lognormal(0, noise))
+            out.append(LoadSample(start_s=start + i, ttft_ms=f, e2e_ms=f + 31 * t,
+                                  output_tokens=32, itl_ms=[t] * 31))
+        return out
+
+    levels = {}
+    for level in ("low", "high"):
+        rows = []
+        for index in range(rounds):
+            factor = float(rng.lognormal(0, drift))
+            rows.append(PairedRound(
+                index=index, first="reference" if index % 2 == 0 else "stage",
+                reference=side(tpot * factor, ttft * factor, 1000.0 * index),
+                stage=side(tpot * factor * ratio, ttft * factor * ttft_ratio, 1000.0 * index + 500),
+            ))
+        levels[level] = rows
+    return PairedLoad(reference=reference, requests_per_round=requests, rounds=levels)
+
+
 def record(
     name: str,
     parent: str | None,
@@ -48,6 +90,7 @@ def record(
     finish: list[str] | None = None,
     raw_samples: bool = False,
     ttft: float = 80.0,
+    paired_load: PairedLoad | None = None,
 ) -> StageRecord:
     """A stage with one set 'math'; a non-baseline stage gets a divergence unless kl is None."""
     lengths = lengths or [40] * len(scores)
@@ -76,7 +119,7 @@ def record(
     return StageRecord(
         name=name, kind="baseline" if parent is None else kind, parent=parent,
         axes=axes or dict(UNQUANTIZED), facts=facts, quality=quality, load=load,
-        fingerprint=f"fp-{name}",
+        fingerprint=f"fp-{name}", paired_load=paired_load,
     )
 
 

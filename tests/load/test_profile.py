@@ -36,6 +36,9 @@ def test_bundled_profiles_have_the_documented_shape():
     assert (ci.requests, ci.warmup_requests, ci.duration_s) == (12, 2, None)
     assert ci.slo is not None and demo.slo is not None
     assert ci.levels() == {"low": 1, "high": 4}
+    # Timed stages run against their reference in short interleaved rounds.
+    assert (ci.rounds, ci.round_requests, ci.round_warmup_requests) == (3, 6, 1)
+    assert all(load_profile(name).rounds >= 3 for name in bundled_profiles())
 
 
 def test_a_path_loads_and_defaults_fill_in(tmp_path):
@@ -57,6 +60,8 @@ def test_every_field_has_a_description():
         ("max_error_rate: 1.5", r"field 'max_error_rate': .*less than or equal to 1"),
         ("hihg_users: 4", r"unknown field 'hihg_users'; did you mean 'high_users'"),
         ("low_users: 5", r"high_users \(4\) must be >= low_users \(5\)"),
+        ("rounds: 2", r"field 'rounds': .*greater than or equal to 3"),
+        ("round_requests: 1", r"field 'round_requests': .*greater than or equal to 2"),
     ],
 )
 def test_bad_values_name_the_file_and_the_field(tmp_path, change, expected):

@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from load.profile import Slo
-from load.results import LoadResult, LoadSample, ci_field
+from load.results import LoadSample, ci_field
 from load.stats import busy_span_s, goodput, measured_count, meets_slo, pool_repeats, t_interval
 
 
@@ -79,15 +79,3 @@ def test_every_interval_field_exists_on_the_summary():
     for figure in CI_FIGURES:
         assert figure in LoadSummary.model_fields
         assert ci_field(figure) in LoadSummary.model_fields
-
-
-def test_error_limit_failures_use_the_profiles_limit_and_fail_closed_on_nothing():
-    good, _ = pool_repeats([[ok(1, 2)] * 99 + [failed()]], [1.0], "low", 1)
-    bad, _ = pool_repeats([[ok(1, 2)] * 90 + [failed()] * 10], [1.0], "high", 4)
-    result = LoadResult(summaries={"low": good, "high": bad}, max_error_rate=0.01)
-    (reason,) = result.error_limit_failures()
-    assert reason.startswith("high: 10/100 requests failed")
-    assert len(result.error_limit_failures(limit=0.0)) == 2
-    empty = good.model_copy(update={"requests": 0, "errors": 0, "error_rate": 0.0})
-    assert LoadResult(summaries={"low": empty}, max_error_rate=0.5).error_limit_failures()
-    assert LoadResult(summaries={"low": bad}).error_limit_failures() == []  # no limit recorded

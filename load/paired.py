@@ -1,0 +1,82 @@
+"""Time a stage against its reference in interleaved rounds, both servers up at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from load.profile import LoadProfile
+from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, Side
+from load.runner import check_equal_work, find_capacity, measured_part, run_level
+from load.stats import pool_repeats
+
+
+@dataclass(frozen=True)
+class Server:
+    """An OpenAI-compatible server under load."""
+
+    base_url: str
+    model: str
+
+
+def round_order(index: int) -> tuple[Side, Side]:
+    """A B, B A, A B, ...: the side that runs first alternates, so order effects cancel."""
+    return ("reference", "stage") if index % 2 == 0 else ("stage", "reference")
+
+
+def round_profile(profile: LoadProfile) -> LoadProfile:
+    """One side of one round: a short request-count run in one process."""
+    return profile.model_copy(update={
+        "requests": profile.round_requests, "warmup_requests": profile.round_warmup_requests,
+        "duration_s": None, "workers": 0, "repeats": 1,
+    })
+
+
+def run_paired_load(
+    stage: Server,
+    reference: Server,
+    reference_name: str,
+    profile: LoadProfile,
+    out_dir: Path,
+    *,
+    reference_command: str | None = None,
+) -> tuple[LoadResult, PairedLoad]:
+    """Per level, `profile.rounds` rounds of the same load against both servers, back to back.
+
+    Returns the stage's own LoadResult (its rounds pooled, per-round summaries as repeats, then
+    the capacity search if the profile enables it) and the paired rounds the latency gate judges.
+    Raw files land in out_dir/stage and out_dir/reference (same tags: a round's two sides got the
+    same prompts); load.json and paired.json in out_dir.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    one_side = round_profile(profile)
+    servers = {"reference": reference, "stage": stage}
+    result = LoadResult(max_error_rate=profile.max_error_rate)
+    paired = PairedLoad(reference=reference_name, reference_command=reference_command,
+                        requests_per_round=profile.round_requests)
+    for level, users in profile.levels().items():
+        rounds: list[PairedRound] = []
+        windows: list[float] = []
+        for index in range(profile.rounds):
+            measured: dict[Side, list[LoadSample]] = {}
+            for side in round_order(index):
+                server = servers[side]
+                samples = run_level(server.base_url, server.model, one_side, level, users,
+                                    out_dir / side, repeat=index)
+                measured[side], window_s = measured_part(samples, one_side, level)
+                check_equal_work(measured[side], profile.output_tokens, f"{level} ({side})")
+                if side == "stage":
+                    windows.append(window_s)
+            rounds.append(PairedRound(index=index, first=round_order(index)[0],
+                                      reference=measured["reference"], stage=measured["stage"]))
+        paired.rounds[level] = rounds
+        pooled, each = pool_repeats([r.stage for r in rounds], windows, level, users, profile.slo)
+        result.samples[level] = [s for r in rounds for s in r.stage]
+        result.summaries[level] = pooled
+        result.repeat_summaries[level] = each
+    if profile.capacity.enabled:
+        capacity, note, trace = find_capacity(stage.base_url, stage.model, profile, out_dir / "stage")
+        result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
+    result.save(out_dir)
+    paired.save(out_dir)
+    return result, paired

@@ -1,0 +1,80 @@
+"""Interleaved rounds: the real Locust runner against two in-tree fake servers, and the ratios."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from load.paired import Server, round_order, run_paired_load
+from load.profile import LoadProfile
+from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, median_ms
+from tests.fake_openai import FakeOpenAI
+
+PROFILE = LoadProfile(
+    low_users=1, high_users=2, prompt_tokens=16, output_tokens=6, requests=4, warmup_requests=1,
+    rounds=3, round_requests=3, round_warmup_requests=1, request_timeout_s=10, seed=5,
+)
+
+
+def sample(tpot: float, ttft: float = 50.0, error: str | None = None) -> LoadSample:
+    return LoadSample(start_s=1.0, ttft_ms=ttft, e2e_ms=ttft + 5 * tpot, output_tokens=6,
+                      error=error)
+
+
+def test_rounds_alternate_which_side_goes_first():
+    assert [round_order(i) for i in range(4)] == [
+        ("reference", "stage"), ("stage", "reference"),
+        ("reference", "stage"), ("stage", "reference"),
+    ]
+
+
+def test_a_round_ratio_is_of_medians_and_skips_failed_requests():
+    row = PairedRound(index=0, first="reference",
+                      reference=[sample(10), sample(20), sample(30), sample(1, error="HTTP 500")],
+                      stage=[sample(22), sample(24), sample(26)])
+    assert median_ms(row.reference, "tpot") == 20
+    assert row.log_ratio("tpot") == pytest.approx(math.log(24 / 20))
+    assert row.log_ratio("ttft") == pytest.approx(0.0)
+    dead = row.model_copy(update={"stage": [sample(5, error="timeout")]})
+    assert dead.log_ratio("tpot") is None
+    paired = PairedLoad(reference="baseline", requests_per_round=3, rounds={"low": [row, dead]})
+    assert paired.log_ratios("low", "tpot") == [pytest.approx(math.log(1.2))]
+
+
+def test_two_servers_are_timed_in_interleaved_rounds(tmp_path):
+    # The stage streams its tokens twice as slowly as the reference: every round says so.
+    with FakeOpenAI(token_delay_s=0.03, first_token_delay_s=0.01) as reference, \
+            FakeOpenAI(model="stage-model", token_delay_s=0.06, first_token_delay_s=0.01) as stage:
+        result, paired = run_paired_load(
+            Server(stage.base_url, "stage-model"), Server(reference.base_url, "fake-model"),
+            "baseline", PROFILE, tmp_path, reference_command="vllm serve base",
+        )
+        # Per level, rounds and sides: 1 warm-up + 3 measured requests each, nothing else.
+        assert len(reference.requests) == len(stage.requests) == 2 * 3 * 4
+    assert paired.reference == "baseline" and paired.requests_per_round == 3
+    assert paired.reference_command == "vllm serve base"
+    for level, users in (("low", 1), ("high", 2)):
+        rounds = paired.rounds[level]
+        assert [r.index for r in rounds] == [0, 1, 2]
+        assert [r.first for r in rounds] == ["reference", "stage", "reference"]
+        for row in rounds:
+            assert len(row.reference) == len(row.stage) == 3
+            assert all(s.error is None and s.output_tokens == 6 for s in row.reference + row.stage)
+            assert {s.repeat for s in row.reference + row.stage} == {row.index}
+            # The side that went first finished before the other started.
+            first, second = (row.reference, row.stage) if row.first == "reference" else (
+                row.stage, row.reference)
+            assert max(s.end_s for s in first) <= min(s.start_s for s in second)
+        ratios = paired.log_ratios(level, "tpot")
+        assert len(ratios) == 3 and all(0.5 < r < 0.9 for r in ratios), ratios  # ~log 2
+        # The stage's own result: its rounds pooled, one summary per round.
+        summary = result.summaries[level]
+        assert summary.users == users and summary.requests == 9 and summary.repeats == 3
+        assert len(result.repeat_summaries[level]) == 3 and len(result.samples[level]) == 9
+        assert 50 < summary.tpot_p50_ms < 150
+    # Both sides' raw files, under one tag per round (same prompts on both sides).
+    for side in ("reference", "stage"):
+        for tag in ("low", "low-r2", "low-r3", "high", "high-r2", "high-r3"):
+            assert (tmp_path / side / f"samples_{tag}.jsonl").stat().st_size > 0
+    assert LoadResult.read(tmp_path) == result and PairedLoad.read(tmp_path) == paired
