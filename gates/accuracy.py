@@ -108,7 +108,12 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
 
 def set_check(s: SetCounts, p_holm: float, margin: float, required: bool,
               policy: GatePolicy) -> Check:
-    """Per set: fails on confident harm or significant flips vs the parent; else shown."""
+    """Per set: fails on confident harm or significant flips vs the parent.
+
+    A set whose own interval cannot decide is advisory, unless its estimate is already worse
+    than the margin: such a set leans inferior, so it blocks (and gets more items) until its
+    interval clears it. Equal weights alone would let one collapsed set of four pass within a
+    pooled margin; this is what catches it without making every small set a coin toss."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
     estimate, low, high = score_interval([s.stratum], level)
@@ -136,8 +141,16 @@ def set_check(s: SetCounts, p_holm: float, margin: float, required: bool,
                       **fields)
     if low >= -margin:
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
+    if leans_inferior(s, margin):
+        return judged(s.rule, "inconclusive", True,
+                      f"leans inferior (estimate beyond the margin, not resolved): {reason}; "
+                      "score more items to decide", **fields)
     return judged(s.rule, "inconclusive", required,
                   reason + " (the pooled rule quality.accuracy decides)", **fields)
+
+
+def leans_inferior(s: SetCounts, margin: float) -> bool:
+    return not s.bound(margin) and (s.fixed - s.broke) / s.n < -margin
 
 
 def measured_sets(stage: QualityResult, parent: QualityResult, baseline: QualityResult,
@@ -258,17 +271,24 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
 
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
                policy: GatePolicy, pools: dict[str, int]) -> dict[str, int] | None:
-    """The items per set for the next look, when the pooled rule is still inconclusive and some
-    set has items left; None when the rule decided or nothing can grow."""
+    """The items per set for the next look, or None when nothing is left to decide or to grow.
+
+    Every set grows while the pooled rule is inconclusive; otherwise only the sets that cannot
+    vouch yet (floor or ceiling) or lean inferior without a decision do."""
     margin = policy.tolerance(precision).accuracy_margin
+    level = look_alpha(policy.quality.alpha, policy.quality.max_looks)
     paired, problems = measured_sets(stage, baseline, baseline)
     if problems or not paired:
         return None
-    sets = [SetCounts.of(f"quality.{name}", vs_baseline, vs_parent)
-            for name, (vs_baseline, vs_parent) in paired.items()]
-    if pooled_check(sets, margin, precision, policy).status != "inconclusive":
-        return None
+    sets = {name: SetCounts.of(f"quality.{name}", vs_baseline, vs_parent)
+            for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
-    grown = {name: min(pools.get(name, n), math.ceil(n * policy.quality.growth))
-             for name, n in sizes.items()}
+    if pooled_check(list(sets.values()), margin, precision, policy).status == "inconclusive":
+        growing = list(sets)
+    else:
+        growing = [name for name, counts in sets.items() if counts.bound(margin) or (
+            leans_inferior(counts, margin) and score_interval([counts.stratum], level)[2] >= -margin)]
+    grown = dict(sizes)
+    for name in growing:
+        grown[name] = min(pools.get(name, sizes[name]), math.ceil(sizes[name] * policy.quality.growth))
     return grown if any(grown[name] > sizes[name] for name in sizes) else None

@@ -13,14 +13,19 @@ from gates.verdict import Check, Status, judged, missing, points
 
 
 def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarray]:
-    """Per set: log(stage tokens / parent tokens) over items both answered with a length."""
+    """Per set: log((stage tokens + 1) / (parent tokens + 1)) over items with known lengths.
+
+    The +1 keeps empty answers in: a stage that answers nothing is the largest drift of all,
+    not a pair to skip."""
     out: dict[str, np.ndarray] = {}
     if stage.quality is None or parent.quality is None:
         return out
     for name, parent_task in parent.quality.tasks.items():
         pairs = paired_items(parent_task, stage.quality.tasks.get(name))
-        out[name] = np.array([math.log(s.output_tokens / p.output_tokens) for p, s in pairs
-                              if s.output_tokens and p.output_tokens], dtype=float)
+        out[name] = np.array([math.log((s.output_tokens + 1) / (p.output_tokens + 1))
+                              for p, s in pairs
+                              if s.output_tokens is not None and p.output_tokens is not None],
+                             dtype=float)
     return out
 
 

@@ -127,6 +127,26 @@ def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back()
     assert verdict.decision == "rollback"
 
 
+def test_empty_answers_are_length_drift_not_skipped_pairs():
+    empty = [0] * 30 + [40] * 70
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", BASE, lengths=empty)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "fail" and length.details["n"] == 100, length.reason
+
+
+def test_a_set_missing_from_the_stage_and_its_parent_is_flagged():
+    from evalsets.results import TaskQuality
+
+    base = record("baseline", None, BASE)
+    base.quality.tasks["code"] = TaskQuality(task="code", metric="pass@1", value=0.5,
+                                             items=base.quality.tasks["math"].items)
+    verdict = decide("c", [base, record("w", "baseline", BASE)], POLICY)
+    code = checks(verdict, "w")["quality.code"]
+    assert not code.passed and "set 'code' on the stage and the parent" in code.reason
+    assert verdict.decision == "rollback"
+
+
 def test_more_responses_cut_off_at_the_budget_fail():
     before = ["stop"] * 100
     after = ["length"] * 30 + ["stop"] * 70
