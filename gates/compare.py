@@ -43,7 +43,7 @@ def run_metrics(verdict: Verdict) -> dict[str, float]:
         d = check.details
         if check.rule.startswith("quality.") and "ci_low" in d:
             name = check.rule.removeprefix("quality.")
-            for key in ("difference", "ci_low", "ci_high", "mde", "broke", "fixed", "p_holm",
+            for key in ("difference", "ci_low", "ci_high", "power", "broke", "fixed", "p_holm",
                         "stage_accuracy", "baseline_accuracy"):
                 out[f"gate.quality.{name}.{key}"] = d.get(key)
         elif check.rule == "divergence.kl":

@@ -190,18 +190,26 @@ def load_rows(records: list[StageRecord]) -> list[dict[str, str]]:
     return rows
 
 
-def set_sizes(verdict: Verdict) -> list[dict[str, Any]]:
-    """Per stage and set: how small an effect the set can see, and what it would need."""
+def set_sizes(verdict: Verdict, records: list[StageRecord]) -> list[dict[str, Any]]:
+    """Per stage: the pooled accuracy test, its power at the sizes it ran, and what the adaptive
+    sample size added."""
+    by_name = {r.name: r for r in records}
     rows = []
     for stage in verdict.stages:
-        for check in stage.checks:
-            d = check.details
-            if check.rule.startswith("quality.") and "mde" in d:
-                rows.append({"stage": stage.stage, "set": check.rule.split(".", 1)[1], "n": d["n"],
-                             "mde": f"{100 * float(d['mde']):.1f}",
-                             "margin": f"{100 * float(d['margin']):.2f}",
-                             "needed": f"{int(d['items_needed']):,}",
-                             "enough": float(d["mde"]) <= float(d["margin"])})
+        check = next((c for c in stage.checks if c.rule == "quality.accuracy"), None)
+        if check is None or "ci_low" not in check.details:
+            continue
+        d = check.details
+        quality = by_name[stage.stage].quality if stage.stage in by_name else None
+        added = ", ".join(f"{n} +{k}" for n, k in (quality.added_items if quality else {}).items())
+        rows.append({
+            "stage": stage.stage, "n": d["n"], "sets": d["sets"],
+            "interval": f"{100 * float(d['difference']):+.1f} [{100 * float(d['ci_low']):+.1f}, "
+                        f"{100 * float(d['ci_high']):+.1f}]",
+            "margin": f"-{100 * float(d['margin']):.0f}", "power": f"{float(d['power']):.0%}",
+            "looks": quality.looks if quality else 1, "added": added or "-",
+            "status": check.status,
+        })
     return rows
 
 
@@ -220,7 +228,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
-        "sizes": set_sizes(verdict), "images": images, "load": load_rows(records),
+        "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
