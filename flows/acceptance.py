@@ -16,7 +16,7 @@ from flows.settings import Settings
 from flows.spec import Spec, load_spec
 from flows.tracking import Tracker
 from gates.decide import decide
-from gates.policy import GatePolicy, load_policy
+from gates.policy import GatePolicy, load_policy, save_run_policy
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
 from gates.verdict import Verdict
@@ -192,6 +192,7 @@ def acceptance(
                 if (folder / "stage.json").exists():
                     tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
             records.append(record)
+        save_run_policy(prepared.policy, results_dir)  # `quantgate gate` re-judges by this one
         verdict = decide(spec.candidate, records, prepared.policy)
         verdict_path = verdict.save(results_dir / "verdict.json")
         report_dir = (settings.reports_dir / results_dir.name).resolve()

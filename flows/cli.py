@@ -88,19 +88,27 @@ def run(spec: Path) -> None:
 @app.command()
 def gate(
     results_dir: Path,
-    policy: Annotated[str, typer.Option(help="Policy name or path.")] = "default",
+    policy: Annotated[str | None, typer.Option(
+        help="Policy name or path; default: the policy stored with the run.")] = None,
     report: Annotated[Path | None, typer.Option(help="Also write the sign-off report here.")] = None,
     signer: Annotated[str | None, typer.Option(help="Name for the report's sign-off block.")] = None,
 ) -> None:
-    """Recompute the verdict from a stored results folder (no engine needed)."""
+    """Recompute the verdict from a stored results folder (no engine needed), by the policy the
+    run was judged with unless --policy names another."""
     from gates.decide import decide, load_records
-    from gates.policy import load_policy
+    from gates.policy import load_policy, run_policy
 
     try:
         if not (results_dir / "manifest.json").is_file():
             raise QuantgateError(f"{results_dir} is not a results folder (no manifest.json)")
         candidate, records = load_records(results_dir)
-        verdict = decide(candidate, records, load_policy(policy))
+        stored = run_policy(results_dir) if policy is None else None
+        if stored is not None:
+            rules, source = stored
+        else:
+            rules, source = load_policy(policy or "default"), policy or "default (none stored)"
+        console.print(f"policy: {escape(source)}", highlight=False)
+        verdict = decide(candidate, records, rules)
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)

@@ -1,71 +1,111 @@
-"""Divergence rules: KL, top-1 agreement and perplexity against the baseline on the same tokens."""
+"""Divergence rules: KL, top-1 agreement and perplexity against the baseline on the same tokens.
+
+Every interval is computed here, from the per-token values the stage stored
+(`QualityResult.paired_tokens`), by one block bootstrap (gates.stats) with the policy's level,
+resamples and seed: the same stored records always give the same verdict. A record without
+per-token values never passes on a point estimate: the rule is inconclusive (a rollback when
+required).
+"""
 
 from __future__ import annotations
 
 import math
 
-from evalsets.results import PerplexityRatio
+import numpy as np
+
+from evalsets.results import PairedTokens
 from gates import stats
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from gates.verdict import Check, Status, judged, missing
 
 
+def _interval(tokens: PairedTokens, series: str, policy: GatePolicy) -> stats.Interval | None:
+    values = tokens.values(series)
+    if values is None:
+        return None
+    quality = policy.quality
+    return stats.block_bootstrap(values, tokens.span_tokens, policy.divergence.block_tokens,
+                                 quality.confidence, quality.bootstrap_resamples, quality.seed)
+
+
+def _how(tokens: PairedTokens, policy: GatePolicy) -> str:
+    return (f"{policy.quality.confidence:.0%} block-bootstrap CI over {tokens.tokens} tokens "
+            f"in {len(tokens.spans)} texts, blocks of {policy.divergence.block_tokens}")
+
+
+def coarsening(top_k: int) -> str:
+    return f"top-{top_k} coarsened KL, a lower bound of the full-vocabulary KL"
+
+
 def divergence_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
     """KL and top-1 agreement against the baseline, on the same token positions."""
     required = policy.divergence.required
-    div = stage.quality.divergence if stage.quality else None
-    if div is None:
+    quality = stage.quality
+    div = quality.divergence if quality else None
+    tokens = quality.paired_tokens if quality else None
+    if div is None and (tokens is None or tokens.kl is None):
         return [missing("divergence", "KL divergence / top-1 agreement vs the baseline", required)]
+    if tokens is None or tokens.kl is None or tokens.top1_agree is None:
+        shown = f" (point estimates: KL {div.mean_kl:.4f}, top-1 {div.top1_agreement:.2%})" if div else ""
+        return [judged("divergence", "inconclusive", required,
+                       f"KL divergence / top-1 agreement vs the baseline recorded without per-token "
+                       f"values{shown}: no interval can be computed, and a point estimate never passes")]
     precision = precision_class(stage.axes)
     tol = policy.tolerance(precision)
-    conf = policy.quality.confidence
-    if div.kl_ci_low is not None and div.kl_ci_high is not None:
-        low, high, how = div.kl_ci_low, div.kl_ci_high, f"{conf:.0%} CI"
-    else:
-        low = high = div.mean_kl
-        how = "no CI recorded: point estimate"
-    outcome: Status = "pass" if high <= tol.max_kl else "fail" if low > tol.max_kl else "inconclusive"
-    kl = judged(
+    how = _how(tokens, policy)
+    kl = _interval(tokens, "kl", policy)
+    outcome: Status = ("pass" if kl.high <= tol.max_kl else "fail" if kl.low > tol.max_kl
+                       else "inconclusive")
+    kl_check = judged(
         "divergence.kl", outcome, required,
-        f"mean KL {div.mean_kl:.4f} nats/token ({how} [{low:.4f}, {high:.4f}]) over {div.tokens} "
-        f"tokens, limit {tol.max_kl} ({precision})",
-        value=high, limit=tol.max_kl,
-        details={"mean_kl": div.mean_kl, "ci_low": low, "ci_high": high, "tokens": div.tokens},
+        f"mean KL {kl.estimate:.4f} nats/token ({coarsening(tokens.top_k)}; {how}: "
+        f"[{kl.low:.4f}, {kl.high:.4f}]), limit {tol.max_kl} ({precision})",
+        value=kl.high, limit=tol.max_kl,
+        details={"mean_kl": kl.estimate, "ci_low": kl.low, "ci_high": kl.high,
+                 "tokens": tokens.tokens, "top_k": tokens.top_k},
     )
-    if div.tokens < 1:
-        return [kl, missing("divergence.top1", "top-1 agreement", required)]
-    agree = stats.proportion_ci(round(div.top1_agreement * div.tokens), div.tokens, conf)
+    agree = _interval(tokens, "top1_agree", policy)
     outcome = ("pass" if agree.low >= tol.min_top1 else "fail" if agree.high < tol.min_top1
                else "inconclusive")
-    top1 = judged(
+    top1_check = judged(
         "divergence.top1", outcome, required,
-        f"top-1 agreement {div.top1_agreement:.2%} ({conf:.0%} CI [{agree.low:.2%}, "
-        f"{agree.high:.2%}]) over {div.tokens} tokens, limit >= {tol.min_top1:.0%} ({precision})",
+        f"top-1 agreement {agree.estimate:.2%} (most likely token read from the top-{tokens.top_k} "
+        f"lists, the same coarsened view as the KL; {how}: [{agree.low:.2%}, {agree.high:.2%}]), "
+        f"limit >= {tol.min_top1:.1%} ({precision})",
         value=agree.low, limit=tol.min_top1,
-        details={"top1": div.top1_agreement, "ci_low": agree.low, "ci_high": agree.high,
-                 "tokens": div.tokens},
+        details={"top1": agree.estimate, "ci_low": agree.low, "ci_high": agree.high,
+                 "tokens": tokens.tokens, "top_k": tokens.top_k},
     )
-    return [kl, top1]
+    return [kl_check, top1_check]
 
 
-def _ppl_check(rule: str, ppl: float, ref: float, paired: PerplexityRatio | None, limit: float,
-               against: str) -> Check:
+def _ppl_check(rule: str, ppl: float, ref: float, tokens: PairedTokens | None, series: str,
+               limit: float, against: str, policy: GatePolicy) -> Check:
     """Fails when even the low end of the paired increase is over the limit, passes when the
     high end is within it; in between the corpus cannot tell (perplexity rules are required)."""
-    if paired is not None and paired.ci_low is not None and paired.ci_high is not None:
-        increase, low, high = paired.ratio - 1, paired.ci_low - 1, paired.ci_high - 1
-        how = f"paired over {paired.tokens} tokens, 95 % CI [{low:+.1%}, {high:+.1%}]"
-    else:
-        increase = low = high = ppl / ref - 1
-        how = "no paired CI recorded: point estimate"
+    values = tokens.values(series) if tokens is not None else None
+    if values is None:
+        return judged(
+            rule, "inconclusive", True,
+            f"perplexity {ppl:.3f} vs {against} {ref:.3f} ({ppl / ref - 1:+.1%} point estimate) "
+            f"without per-token NLL differences: no paired interval, and a point estimate never "
+            f"passes (limit +{limit:.0%})",
+            details={"perplexity": ppl, "reference": ref, "point_increase": ppl / ref - 1},
+        )
+    quality = policy.quality
+    log_ratio = stats.block_bootstrap(values, tokens.span_tokens, policy.divergence.block_tokens,
+                                      quality.confidence, quality.bootstrap_resamples, quality.seed)
+    increase, low, high = (math.exp(x) - 1 for x in (log_ratio.estimate, log_ratio.low,
+                                                      log_ratio.high))
     outcome: Status = "pass" if high <= limit else "fail" if low > limit else "inconclusive"
     return judged(
         rule, outcome, True,
-        f"perplexity {ppl:.3f} vs {against} {ref:.3f} ({increase:+.1%}, {how}; "
-        f"limit +{limit:.0%})",
+        f"perplexity {ppl:.3f} vs {against} {ref:.3f} (paired per token: {increase:+.1%}, "
+        f"{_how(tokens, policy)}: [{low:+.1%}, {high:+.1%}]; limit +{limit:.0%})",
         value=increase, limit=limit,
-        details={"perplexity": ppl, "reference": ref, "ci_low": low, "ci_high": high},
+        details={"perplexity": ppl, "reference": ref, "ci_low": low, "ci_high": high,
+                 "tokens": int(np.asarray(values).size)},
     )
 
 
@@ -77,15 +117,13 @@ def perplexity_checks(
         return [missing("perplexity", "perplexity")]
     ppl, parent_ppl, base_ppl = values
     rules = policy.perplexity
-    quality = stage.quality
-    vs_parent = quality.perplexity_vs_parent or (
-        quality.perplexity_vs_baseline if parent.name == baseline.name else None)
-    checks = [_ppl_check("perplexity.parent", ppl, parent_ppl, vs_parent,
-                         rules.max_increase_vs_parent, "parent")]
+    tokens = stage.quality.paired_tokens
+    # The first stage's parent is the baseline: the same pair, stored once.
+    vs_parent = "nll_diff_vs_baseline" if parent.name == baseline.name else "nll_diff_vs_parent"
+    checks = [_ppl_check("perplexity.parent", ppl, parent_ppl, tokens, vs_parent,
+                         rules.max_increase_vs_parent, "parent", policy)]
     if parent.name != baseline.name:
-        checks.append(_ppl_check("perplexity.baseline", ppl, base_ppl,
-                                 quality.perplexity_vs_baseline,
-                                 rules.max_increase_vs_baseline, "baseline"))
+        checks.append(_ppl_check("perplexity.baseline", ppl, base_ppl, tokens,
+                                 "nll_diff_vs_baseline", rules.max_increase_vs_baseline,
+                                 "baseline", policy))
     return checks
-
-

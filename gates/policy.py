@@ -50,6 +50,10 @@ class QualityRules(Rules):
 
 class DivergenceRules(Rules):
     required: bool = Field(True, description="Missing or inconclusive KL / top-1 blocks the go.")
+    block_tokens: int = Field(
+        64, ge=1, description="Consecutive positions (within one text) resampled together by the "
+        "block bootstrap of KL, top-1 agreement and the perplexity ratios."
+    )
 
 
 class PerplexityRules(Rules):
@@ -133,6 +137,38 @@ def precision_class(axes: dict[str, str]) -> Precision:
     """
     widths = [bits for bits in (axis_bits(v) for v in axes.values()) if bits is not None]
     return "4bit" if widths and min(widths) <= 4 else "8bit"
+
+
+RUN_POLICY_FILE = "policy.json"
+
+
+def save_run_policy(policy: GatePolicy, results_dir: Path) -> Path:
+    """The policy a run is judged by, kept with its results so a re-gate uses the same one."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / RUN_POLICY_FILE
+    path.write_text(policy.model_dump_json(indent=1))
+    return path
+
+
+def run_policy(results_dir: Path) -> tuple[GatePolicy, str] | None:
+    """The policy stored with a run (policy.json, else the one in verdict.json) and its file."""
+    import json
+
+    for name, pick in ((RUN_POLICY_FILE, lambda data: data), ("verdict.json",
+                                                             lambda data: data.get("policy"))):
+        path = results_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = pick(json.loads(path.read_text()))
+        except ValueError as exc:
+            raise SpecError(f"stored gate policy {path} is unreadable: {exc}") from exc
+        if data:
+            try:
+                return GatePolicy.model_validate(data), str(path)
+            except ValueError as exc:
+                raise SpecError(f"stored gate policy {path} is invalid: {exc}") from exc
+    return None
 
 
 def load_policy(name_or_path: str, base_dir: Path | None = None) -> GatePolicy:

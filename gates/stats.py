@@ -1,4 +1,4 @@
-"""Paired statistics for gates: bootstrap CIs, exact McNemar, Wilcoxon, Holm, minimum detectable effect."""
+"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Wilcoxon, Holm, MDE."""
 
 from __future__ import annotations
 
@@ -47,6 +47,46 @@ def median_ratio_ci(
     result = stats.bootstrap((stage, parent), increase, confidence_level=confidence,
                              n_resamples=resamples, method="percentile", vectorized=True,
                              paired=False, random_state=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return Interval(estimate, float(low), float(high))
+
+
+def blocks(span_tokens: list[int], block_tokens: int) -> np.ndarray:
+    """Block label per position: runs of at most `block_tokens` consecutive positions, never
+    crossing from one span (text) into the next."""
+    labels, next_label = [], 0
+    for count in span_tokens:
+        within = np.arange(count) // block_tokens
+        labels.append(next_label + within)
+        next_label += int(within[-1]) + 1 if count else 0
+    return np.concatenate(labels) if labels else np.zeros(0, dtype=int)
+
+
+def block_bootstrap(values: np.ndarray, span_tokens: list[int], block_tokens: int,
+                    confidence: float, resamples: int, seed: int) -> Interval:
+    """CI of the token-weighted mean of per-position values, resampling whole blocks.
+
+    Neighbouring tokens are correlated (one hard passage moves many), so positions are grouped
+    into blocks of consecutive positions within one span and the blocks are resampled (percentile
+    bootstrap of sum / count over blocks). The one interval for per-token KL, top-1 agreement
+    (0/1 values) and NLL differences (log perplexity ratio).
+    """
+    values = np.asarray(values, dtype=float)
+    if values.size == 0 or values.size != sum(span_tokens):
+        raise ValueError(f"block bootstrap: {values.size} values for {sum(span_tokens)} positions")
+    labels = blocks(span_tokens, block_tokens)
+    sums = np.bincount(labels, weights=values)
+    counts = np.bincount(labels).astype(float)
+    estimate = float(sums.sum() / counts.sum())
+    if sums.size < 2 or np.allclose(sums, estimate * counts, rtol=0, atol=1e-12):
+        return Interval(estimate, estimate, estimate)  # every block alike: no spread to show
+
+    def ratio(s: np.ndarray, c: np.ndarray, axis: int = -1) -> np.ndarray:
+        return s.sum(axis=axis) / c.sum(axis=axis)
+
+    result = stats.bootstrap((sums, counts), ratio, paired=True, vectorized=True,
+                             n_resamples=resamples, confidence_level=confidence,
+                             method="percentile", random_state=np.random.default_rng(seed))
     low, high = result.confidence_interval
     return Interval(estimate, float(low), float(high))
 

@@ -1,6 +1,6 @@
 """KL, top-1 agreement and the paired perplexity ratio from stored top-k logprobs: exact where
 the support is complete, zero for identical runs, growing with the change, and refused when
-tokens differ."""
+tokens differ; stored per token (the gates compute the intervals)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from evalsets.divergence import divergence, perplexity_ratio, position_kl
+from evalsets.divergence import divergence, paired_tokens, perplexity_ratio, position_kl, summaries
 from evalsets.perplexity import LOGPROBS_FILE
 from infra.errors import MeasurementError
 
@@ -66,26 +66,34 @@ def test_identical_runs_have_zero_kl_and_full_agreement(tmp_path):
     rng = np.random.default_rng(2)
     base, _ = _pair(rng, 150, 30, 0.0)
     texts = {"a": [_top(p, 5) for p in base[:70]], "b": [_top(p, 5) for p in base[70:]]}
-    div = divergence(_file(tmp_path / "s", texts, 5), _file(tmp_path / "b", texts, 5))
-    assert div.tokens == 150
+    paired = paired_tokens(_file(tmp_path / "s", texts, 5), _file(tmp_path / "b", texts, 5),
+                           tmp_path / "b")
+    assert (paired.spans, paired.span_tokens, paired.top_k) == (["a", "b"], [70, 80], 5)
+    assert not paired.values("kl").any() and paired.values("top1_agree").all()
+    assert not paired.values("nll_diff_vs_baseline").any()
+    assert not paired.values("nll_diff_vs_parent").any()
+    div, vs_baseline, vs_parent = summaries(paired)
+    assert div.tokens == 150 and div.top_k == 5
     assert div.mean_kl == 0.0 and div.top1_agreement == 1.0
-    assert div.kl_ci_low == 0.0 and div.kl_ci_high == 0.0
+    assert vs_baseline.ratio == vs_parent.ratio == 1.0
 
 
-def test_bigger_change_bigger_kl_with_ci_around_mean(tmp_path):
+def test_bigger_change_bigger_kl_per_token(tmp_path):
     rng = np.random.default_rng(3)
     results = []
     for noise in (0.2, 1.0):
         base, stage = _pair(rng, 400, 40, noise)
         b = _file(tmp_path / f"b{noise}", {"t": [_top(p, 20) for p in base]}, 20)
         s = _file(tmp_path / f"s{noise}", {"t": [_top(q, 20) for q in stage]}, 20)
-        results.append(divergence(s / LOGPROBS_FILE, b))
-    small, large = results
+        results.append(paired_tokens(s / LOGPROBS_FILE, b))
+        kl = results[-1].values("kl")
+        assert kl.size == 400 and (kl >= 0).all() and kl.mean() == pytest.approx(
+            np.mean([position_kl(_top(p, 20), _top(q, 20), 20) for p, q in zip(base, stage, strict=True)]),
+            rel=1e-5)
+    small, large = (summaries(paired)[0] for paired in results)
     assert small.mean_kl < large.mean_kl
     assert small.top1_agreement > large.top1_agreement
-    for div in results:
-        assert div.kl_ci_low < div.mean_kl < div.kl_ci_high
-    assert small.kl_ci_high < large.kl_ci_low
+    assert results[0].nll_diff_vs_parent is None  # no parent given
 
 
 def test_different_tokenization_is_refused(tmp_path):
@@ -121,12 +129,22 @@ def test_perplexity_ratio_is_paired_per_token(tmp_path):
     rng = np.random.default_rng(4)
     base = rng.normal(-3.0, 1.5, 600)  # hard and easy tokens: big spread the pairing removes
     same = perplexity_ratio(_scored(tmp_path / "a", list(base)), _scored(tmp_path / "b", list(base)))
-    assert (same.ratio, same.ci_low, same.ci_high, same.tokens) == (1.0, 1.0, 1.0, 600)
+    assert (same.ratio, same.tokens) == (1.0, 600)
     worse = base - 0.05 + rng.normal(0, 0.02, 600)  # ~ +5 % perplexity, small per-token noise
     paired = perplexity_ratio(_scored(tmp_path / "w", list(worse)), tmp_path / "b")
     expected = math.exp(float(np.mean(base - worse)))
     assert paired.ratio == pytest.approx(expected)
-    assert paired.ci_low < paired.ratio < paired.ci_high
-    assert 1.04 < paired.ci_low and paired.ci_high < 1.06  # tight: the pairing cancels the spread
     better = perplexity_ratio(tmp_path / "b", tmp_path / "w")
     assert better.ratio == pytest.approx(1 / paired.ratio)
+    stored = paired_tokens(tmp_path / "w", tmp_path / "b", tmp_path / "a").values("nll_diff_vs_parent")
+    assert stored == pytest.approx(base - worse, abs=1e-6)  # stage - parent NLL, per token (float32)
+
+
+def test_a_parent_scored_on_other_texts_leaves_only_the_parent_series_empty(tmp_path):
+    tops = [{"token_id:1": -0.1}, {"token_id:2": -0.2}]
+    stage = _file(tmp_path / "s", {"t": tops}, 5)
+    base = _file(tmp_path / "b", {"t": tops}, 5)
+    parent = _file(tmp_path / "p", {"other": tops}, 5)
+    paired = paired_tokens(stage, base, parent)
+    assert paired.nll_diff_vs_parent is None and paired.values("kl") is not None
+    assert divergence(stage, base).tokens == 2

@@ -1,0 +1,199 @@
+"""The scoring corpus for KL, top-1 and paired perplexity: token sequences every stage scores.
+
+Built once, from the baseline's quality folder after its eval sets ran: each item's prompt and
+the baseline's own greedy answer, rendered with the checkpoint's chat template (as the server
+rendered them), plus the prose texts of `evalsets/corpus/`. Stored as token ids in the baseline's
+folder (`scoring_corpus.json`) and copied into every later stage's folder, so all stages score
+exactly the same tokens (prompt logprobs, evalsets.perplexity).
+
+Scored positions (spans): every answer token and the turn's closing end-of-sequence token (the
+stop decision); the prompt's own tokens after the template's fixed header (the system prompt
+repeats identically in every item and is skipped); prose from its second token. The answers
+alone are ~7k tokens in the demo configuration, so the prompts (in-distribution text the eval
+really sends) and the long-context items up to `MAX_SEQUENCE_TOKENS` carry the corpus past 20k
+tokens; longer items are left out and listed in `skipped`: their context costs ~2 s of prompt
+logprobs per 1k tokens on a 2-core CPU for a ~10-token answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from infra.errors import MeasurementError
+
+log = logging.getLogger(__name__)
+
+CORPUS_FILE = "scoring_corpus.json"
+PROSE_DIR = Path(__file__).resolve().parent / "corpus"
+MAX_SEQUENCE_TOKENS = 1280
+
+
+class Span(BaseModel):
+    """Positions [start, end) of a sequence that are scored; position p scores token p."""
+
+    name: str
+    start: int = Field(ge=1, description="Position 0 has no logprob: nothing precedes it.")
+    end: int
+
+
+class ScoredSequence(BaseModel):
+    name: str
+    token_ids: list[int]
+    spans: list[Span]
+
+
+class ScoringCorpus(BaseModel):
+    source: str = Field(description="Where it was built from (the baseline's quality folder).")
+    chat_template: bool
+    sequences: list[ScoredSequence]
+    skipped: list[str] = Field(default_factory=list, description="Items left out, with why.")
+
+    @property
+    def tokens(self) -> int:
+        """Scored positions."""
+        return sum(span.end - span.start for seq in self.sequences for span in seq.spans)
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / CORPUS_FILE
+        path.write_text(self.model_dump_json())
+        return path
+
+    @classmethod
+    def read(cls, folder: Path) -> ScoringCorpus | None:
+        path = folder / CORPUS_FILE
+        if not path.is_file():
+            return None
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValueError as exc:
+            raise MeasurementError(f"scoring corpus {path} is unreadable: {exc}") from exc
+
+
+def _messages(argument: object) -> list[dict] | str:
+    """lm-eval's logged context: a JSON chat (a string, or its JsonChatStr as a 1-list) or text."""
+    if isinstance(argument, list | tuple) and argument:
+        argument = argument[0]
+    text = str(argument)
+    try:
+        chat = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(chat, list) and all(isinstance(m, dict) and "role" in m for m in chat):
+        return chat
+    return text
+
+
+def logged_items(samples_file: Path) -> Iterable[tuple[str, list[dict] | str, str]]:
+    """(item id, prompt messages or text, raw response) from an lm-eval samples file."""
+    with samples_file.open() as lines:
+        for line in lines:
+            sample = json.loads(line)
+            arguments = sample.get("arguments")
+            first = (next(iter(arguments.values()))["arg_0"] if isinstance(arguments, dict)
+                     else arguments[0][0])
+            response = sample.get("resps") or sample.get("filtered_resps") or [""]
+            while isinstance(response, list | tuple):
+                response = response[0] if response else ""
+            yield str(sample["doc"]["id"]), _messages(first), str(response)
+
+
+class Renderer:
+    """Turns (prompt, answer) into token ids and spans with one tokenizer, as the server would."""
+
+    def __init__(self, tokenizer, chat_template: bool) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat_template
+        self.header = self._header() if chat_template else 0
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False)
+
+    def _header(self) -> int:
+        """Tokens before the user's text: what two different one-word prompts share."""
+        a = self.encode(self._render([{"role": "user", "content": "apple"}], True))
+        b = self.encode(self._render([{"role": "user", "content": "zebra"}], True))
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), 1)
+
+    def item(self, name: str, prompt: list[dict] | str, answer: str) -> ScoredSequence:
+        if self.chat:
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            prefix = self.encode(self._render(messages, True))
+            full = self.encode(self._render([*messages, {"role": "assistant", "content": answer}],
+                                            False))
+            if full[:len(prefix)] != prefix:
+                raise MeasurementError(f"scoring corpus: {name}: the answer changes the prompt's "
+                                       f"tokens (chat template boundary)")
+            eos = self.tokenizer.eos_token_id
+            end = next((i + 1 for i in range(len(prefix), len(full)) if full[i] == eos), len(full))
+            full, prompt_start = full[:end], max(1, self.header)
+        else:
+            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+            prefix = self.encode(text, special=True)
+            full, prompt_start = prefix + self.encode(answer), 1
+        spans = [Span(name=f"{name}/prompt", start=prompt_start, end=len(prefix)),
+                 Span(name=f"{name}/answer", start=len(prefix), end=len(full))]
+        return ScoredSequence(name=name, token_ids=full,
+                              spans=[s for s in spans if s.end > s.start])
+
+    def prose(self, name: str, text: str) -> ScoredSequence:
+        ids = self.encode(text, special=True)
+        return ScoredSequence(name=name, token_ids=ids, spans=[Span(name=name, start=1,
+                                                                      end=len(ids))])
+
+
+def load_tokenizer(tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise MeasurementError(f"scoring corpus: no tokenizer in {tokenizer_dir}: {exc}") from exc
+
+
+def build_corpus(
+    quality_dir: Path,
+    set_names: list[str],
+    tokenizer_or_dir: Path | object,
+    chat_template: bool = True,
+    prose_dir: Path = PROSE_DIR,
+    max_sequence_tokens: int = MAX_SEQUENCE_TOKENS,
+    samples_file: Callable[[Path, str], Path] | None = None,
+) -> ScoringCorpus:
+    """The baseline's answers to each set's items (from `quality_dir/<set>/`) plus the prose."""
+    from evalsets.runner import SAMPLES_FILE
+
+    tokenizer = (load_tokenizer(tokenizer_or_dir) if isinstance(tokenizer_or_dir, Path)
+                 else tokenizer_or_dir)
+    render = Renderer(tokenizer, chat_template)
+    where = samples_file or (lambda folder, name: folder / name / SAMPLES_FILE)
+    sequences, skipped = [], []
+    for set_name in set_names:
+        path = where(quality_dir, set_name)
+        if not path.is_file():
+            raise MeasurementError(f"scoring corpus: no lm-eval samples for {set_name!r} at {path}")
+        for item_id, prompt, answer in logged_items(path):
+            sequence = render.item(f"{set_name}/{item_id}", prompt, answer)
+            if len(sequence.token_ids) > max_sequence_tokens:
+                skipped.append(f"{sequence.name}: {len(sequence.token_ids)} tokens > "
+                               f"{max_sequence_tokens}")
+                continue
+            sequences.append(sequence)
+    for path in sorted(prose_dir.glob("*.txt")):
+        sequences.append(render.prose(f"prose/{path.stem}", path.read_text()))
+    corpus = ScoringCorpus(source=str(quality_dir), chat_template=chat_template,
+                           sequences=sequences, skipped=skipped)
+    if corpus.tokens == 0:
+        raise MeasurementError(f"scoring corpus from {quality_dir} has no tokens to score")
+    log.info("scoring corpus: %d sequences, %d scored tokens, %d items skipped (longer than %d)",
+             len(sequences), corpus.tokens, len(skipped), max_sequence_tokens)
+    return corpus
