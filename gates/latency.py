@@ -83,7 +83,8 @@ def _judge(rule: str, what: str, mean: float, variance: float, df: float, limit:
     return judged(rule, outcome, policy.latency.required, reason, value=math.expm1(mean),
                   limit=limit, details={
                       "increase": math.expm1(mean), "ci_low": math.expm1(low),
-                      "ci_high": math.expm1(high), "mean_log_ratio": mean, "df": df} | details)
+                      "ci_high": math.expm1(high), "mean_log_ratio": mean,
+                      "df": df if math.isfinite(df) else None} | details)
 
 
 def _unusable(rule: str, step: Step, level: str) -> Check:
