@@ -157,4 +157,6 @@ def chain(n: int = 120) -> list[StageRecord]:
     ]
     stages[1].emulated = True
     stages[2].facts.weight_bytes = 150_000_000
+    # As the flow times it: against the baseline (w8 is emulated), in interleaved rounds.
+    stages[2].paired_load = paired("baseline", ratio=21.0 / 25.0, seed=7)
     return stages
