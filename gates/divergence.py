@@ -31,7 +31,7 @@ def _interval(tokens: PairedTokens, series: str, policy: GatePolicy) -> stats.In
 
 def _how(tokens: PairedTokens, policy: GatePolicy) -> str:
     return (f"{policy.quality.confidence:.0%} block-bootstrap CI over {tokens.tokens} tokens "
-            f"in {len(tokens.spans)} texts, blocks of {policy.divergence.block_tokens}")
+            f"in {len(tokens.spans)} spans, blocks of <= {policy.divergence.block_tokens}")
 
 
 def coarsening(top_k: int) -> str:

@@ -101,8 +101,8 @@ class LengthRules(Rules):
 
 def _default_tolerances() -> dict[str, Tolerance]:
     return {
-        "8bit": Tolerance(recovery=0.99, max_kl=0.03, min_top1=0.95),
-        "4bit": Tolerance(recovery=0.97, max_kl=0.10, min_top1=0.90),
+        "8bit": Tolerance(recovery=0.99, max_kl=0.03, min_top1=0.90),
+        "4bit": Tolerance(recovery=0.97, max_kl=0.10, min_top1=0.84),
     }
 
 
