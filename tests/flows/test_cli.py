@@ -31,6 +31,7 @@ def test_validate_prints_the_derived_axes(tmp_path, cpu):
     result = runner.invoke(app, ["validate", str(tmp_path / "spec.yaml")], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "int8/token/dynamic" in result.output and "fp8_e4m3" in result.output
+    assert "accuracy gate, 8bit margin -8 pts: power" in result.output
 
 
 def test_invalid_spec_is_one_line_and_exit_2(tmp_path):

@@ -23,7 +23,7 @@ def write_spec(tmp_path: Path, **overrides) -> Path:
             {"name": "activations", "kind": "activations", "checkpoint": str(models["w8a8"])},
             {"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}},
         ],
-        "evalsets": [{"name": "math", "limit": 10}],
+        "evalsets": [{"name": "math", "limit": 60}],
         "load_profile": "ci",
     }
     spec.update(overrides)

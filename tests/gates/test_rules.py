@@ -141,8 +141,9 @@ def test_a_set_missing_from_the_stage_and_its_parent_is_flagged():
     base = record("baseline", None, BASE)
     base.quality.tasks["code"] = TaskQuality(task="code", metric="pass@1", value=0.5,
                                              items=base.quality.tasks["math"].items)
-    verdict = decide("c", [base, record("w", "baseline", BASE)], POLICY)
-    code = checks(verdict, "w")["quality.code"]
+    stages = [base, record("w", "baseline", BASE), record("a", "w", BASE, kind="activations")]
+    verdict = decide("c", stages, POLICY)
+    code = checks(verdict, "a")["quality.code"]
     assert not code.passed and "set 'code' on the stage and the parent" in code.reason
     assert verdict.decision == "rollback"
 
