@@ -296,13 +296,16 @@ def run_evalset(
 
 
 def prepare_corpus(out_dir: Path, baseline_dir: Path | None, tokenizer_dir: Path,
-                   set_names: list[str], apply_chat_template: bool) -> None:
+                   set_names: list[str], apply_chat_template: bool,
+                   max_model_len: int | None = None) -> None:
     """The baseline builds the scoring corpus from its answers; a later stage copies it. Without
     one (no tokenizer, an older baseline) the prose texts are scored as text, as before."""
-    from evalsets.token_corpus import ScoringCorpus, build_corpus
+    from evalsets.token_corpus import MAX_SEQUENCE_TOKENS, ScoringCorpus, build_corpus
 
+    longest = min(MAX_SEQUENCE_TOKENS, max_model_len - 1 if max_model_len else MAX_SEQUENCE_TOKENS)
     try:
-        corpus = (build_corpus(out_dir, set_names, tokenizer_dir, apply_chat_template)
+        corpus = (build_corpus(out_dir, set_names, tokenizer_dir, apply_chat_template,
+                               max_sequence_tokens=longest)
                   if baseline_dir is None else ScoringCorpus.read(baseline_dir))
     except MeasurementError as err:
         log.error("quality: no scoring corpus from the answers, prose only: %s", err)
@@ -355,7 +358,7 @@ def run_quality(
         )
     if with_perplexity:
         prepare_corpus(out_dir, baseline_dir, tokenizer_dir, [s.name for s in sets],
-                       apply_chat_template)
+                       apply_chat_template, max_model_len)
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
         if baseline_dir is not None:
             try:

@@ -165,11 +165,12 @@ def build_corpus(
     set_names: list[str],
     tokenizer_or_dir: Path | object,
     chat_template: bool = True,
-    prose_dir: Path = PROSE_DIR,
+    prose_dir: Path | None = None,
     max_sequence_tokens: int = MAX_SEQUENCE_TOKENS,
     samples_file: Callable[[Path, str], Path] | None = None,
 ) -> ScoringCorpus:
-    """The baseline's answers to each set's items (from `quality_dir/<set>/`) plus the prose."""
+    """The baseline's answers to each set's items (from `quality_dir/<set>/`) plus the prose
+    (`prose_dir`, default evalsets/corpus/); sequences over `max_sequence_tokens` are skipped."""
     from evalsets.runner import SAMPLES_FILE
 
     tokenizer = (load_tokenizer(tokenizer_or_dir) if isinstance(tokenizer_or_dir, Path)
@@ -188,7 +189,7 @@ def build_corpus(
                                f"{max_sequence_tokens}")
                 continue
             sequences.append(sequence)
-    for path in sorted(prose_dir.glob("*.txt")):
+    for path in sorted((prose_dir or PROSE_DIR).glob("*.txt")):
         sequences.append(render.prose(f"prose/{path.stem}", path.read_text()))
     corpus = ScoringCorpus(source=str(quality_dir), chat_template=chat_template,
                            sequences=sequences, skipped=skipped)

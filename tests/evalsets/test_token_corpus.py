@@ -91,10 +91,7 @@ def test_later_stages_score_the_baselines_corpus(tmp_path, prose, monkeypatch):
     _samples(base / "math", [("m1", "2+3?", "It is 5.")])
     monkeypatch.setattr("evalsets.token_corpus.load_tokenizer", lambda folder: ChatTokenizer())
     monkeypatch.setattr("evalsets.token_corpus.PROSE_DIR", prose)
-    build = build_corpus.__defaults__
-    monkeypatch.setattr("evalsets.token_corpus.build_corpus.__defaults__",
-                        (build[0], prose, *build[2:]))
-    prepare_corpus(base, None, tmp_path / "tokenizer", ["math"], True)
+    prepare_corpus(base, None, tmp_path / "tokenizer", ["math"], True, max_model_len=4096)
     prepare_corpus(stage, base, tmp_path / "other-tokenizer", ["math"], True)
     assert (stage / CORPUS_FILE).read_text() == (base / CORPUS_FILE).read_text()
     corpus = ScoringCorpus.read(stage)
@@ -127,6 +124,17 @@ def test_later_stages_score_the_baselines_corpus(tmp_path, prose, monkeypatch):
     assert saved["math/m1/answer"]["tokens"] == [f"token_id:{i}" for i in
                                                  corpus.sequences[0].token_ids[answer.start:answer.end]]
     assert result.tokens == corpus.tokens
+
+
+def test_items_longer_than_the_served_context_are_left_out(tmp_path, prose, monkeypatch):
+    _samples(tmp_path / "math", [("m1", "2+3?", "It is 5."), ("m2", "x" * 60, "long")])
+    monkeypatch.setattr("evalsets.token_corpus.load_tokenizer", lambda folder: ChatTokenizer())
+    monkeypatch.setattr("evalsets.token_corpus.PROSE_DIR", prose)
+    prepare_corpus(tmp_path, None, tmp_path / "tokenizer", ["math"], True, max_model_len=80)
+    corpus = ScoringCorpus.read(tmp_path)
+    # echo=true with max_tokens=1 needs one position more than the sequence: 79 at most here
+    assert [s.name for s in corpus.sequences] == ["math/m1", "prose/garden"]
+    assert corpus.skipped == ["math/m2: 103 tokens > 79"]
 
 
 def test_without_a_tokenizer_the_prose_is_scored_as_text(tmp_path, monkeypatch):
