@@ -24,14 +24,13 @@ with the stage (`PairedTokens`); the gates compute every interval from them (gat
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 
 import numpy as np
 
-from evalsets.perplexity import LOGPROBS_FILE
+from evalsets.perplexity import LEGACY_LOGPROBS_FILE, LOGPROBS_FILE, read_logprobs
 from evalsets.results import Divergence, PairedTokens, PerplexityRatio
 from infra.errors import MeasurementError
 
@@ -42,10 +41,14 @@ FLOOR = 1e-10
 
 
 def _read(path: Path) -> dict:
-    """A perplexity_logprobs.json, given the file or the folder holding it."""
-    file = path / LOGPROBS_FILE if path.is_dir() else path
+    """A stage's per-position logprobs, given the file or the folder holding it."""
+    file = path
+    if path.is_dir():
+        file = path / LOGPROBS_FILE
+        if not file.exists() and (path / LEGACY_LOGPROBS_FILE).exists():
+            file = path / LEGACY_LOGPROBS_FILE
     try:
-        data = json.loads(file.read_text())
+        data = read_logprobs(file)
         data["texts"]  # noqa: B018 - shape check
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise MeasurementError(f"divergence: cannot read per-position logprobs {file}: {exc!r}") from exc
@@ -118,7 +121,7 @@ def paired_tokens(stage_logprobs: Path, baseline_logprobs: Path,
     """Per-position KL(baseline || stage), top-1 agreement and NLL differences to the baseline
     and (if given and scored on the same tokens) the parent.
 
-    Each argument may be a perplexity_logprobs.json or the quality folder holding it. Stage and
+    Each argument may be a logprobs file or the quality folder holding it. Stage and
     baseline must have scored the same texts into the same tokens; otherwise this raises
     MeasurementError naming the first text and position that differ. A parent that differs
     leaves `nll_diff_vs_parent` empty (logged), which the perplexity rule treats as missing.

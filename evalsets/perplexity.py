@@ -1,13 +1,14 @@
 """Token perplexity of the scoring corpus from the server's prompt logprobs (echo=true).
 
 Per scored position it keeps the token's logprob and the server's top alternatives, written to
-`perplexity_logprobs.json` (one entry per span of evalsets.token_corpus, or per prose text), so
+`perplexity_logprobs.json.gz` (one entry per span of evalsets.token_corpus, or per prose text), so
 later stages can be compared to the baseline by KL divergence, top-1 agreement and paired
 perplexity without re-running the engine.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,8 @@ from evalsets.token_corpus import ScoredSequence, ScoringCorpus
 from infra.errors import MeasurementError
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
-LOGPROBS_FILE = "perplexity_logprobs.json"
+LOGPROBS_FILE = "perplexity_logprobs.json.gz"  # top-20 per position: ~20 MB of JSON, ~5x less gzipped
+LEGACY_LOGPROBS_FILE = "perplexity_logprobs.json"
 RESULT_FILE = "perplexity.json"
 TOP_LOGPROBS = 20  # vLLM's default --max-logprobs; more alternatives give a tighter KL
 
@@ -97,6 +99,12 @@ def summarize(per_text: dict[str, TokenLogprobs]) -> PerplexityResult:
     )
 
 
+def read_logprobs(path: Path) -> dict:
+    """A stored logprobs file: gzipped, or plain JSON (older runs, hand-made fixtures)."""
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
 def _post(client: httpx.Client, url: str, body: dict, what: str) -> dict:
     try:
         response = client.post(url, json=body)
@@ -170,15 +178,15 @@ def measure_perplexity(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     logprobs_path = out_dir / LOGPROBS_FILE
-    logprobs_path.write_text(
-        json.dumps(
+    with gzip.open(logprobs_path, "wt", compresslevel=6) as out:
+        json.dump(
             {
                 "model": model,
                 "top_logprobs": TOP_LOGPROBS,
                 "texts": {name: p.model_dump() for name, p in per_text.items()},
-            }
+            },
+            out,
         )
-    )
     result = summarize(per_text)
     result.logprobs_file = str(logprobs_path)
     (out_dir / RESULT_FILE).write_text(result.model_dump_json(indent=1))

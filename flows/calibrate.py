@@ -24,7 +24,7 @@ import numpy as np
 import typer
 
 from evalsets.divergence import paired_tokens
-from evalsets.perplexity import measure_perplexity
+from evalsets.perplexity import LOGPROBS_FILE, measure_perplexity
 from evalsets.results import PairedTokens
 from evalsets.runner import prepare_corpus, run_quality
 from evalsets.token_corpus import ScoringCorpus
@@ -92,7 +92,7 @@ def main(
         if ScoringCorpus.read(answers_from) is None:
             raise typer.BadParameter(f"no scoring corpus in {answers_from}")
         base_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("scoring_corpus.json", "perplexity_logprobs.json"):
+        for name in ("scoring_corpus.json", LOGPROBS_FILE):
             if (answers_from / name).resolve() != (base_dir / name).resolve():
                 shutil.copy(answers_from / name, base_dir / name)
     else:

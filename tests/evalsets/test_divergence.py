@@ -148,3 +148,13 @@ def test_a_parent_scored_on_other_texts_leaves_only_the_parent_series_empty(tmp_
     paired = paired_tokens(stage, base, parent)
     assert paired.nll_diff_vs_parent is None and paired.values("kl") is not None
     assert divergence(stage, base).tokens == 2
+
+
+def test_older_runs_plain_logprobs_files_are_read(tmp_path):
+    from evalsets.perplexity import LEGACY_LOGPROBS_FILE
+
+    tops = [{"token_id:1": -0.1}, {"token_id:2": -0.2}]
+    _file(tmp_path / "s", {"t": tops}, 5)
+    old = _file(tmp_path / "b", {"t": tops}, 5)
+    (old / LOGPROBS_FILE).rename(old / LEGACY_LOGPROBS_FILE)
+    assert divergence(tmp_path / "s", old).tokens == 2

@@ -90,7 +90,7 @@ def test_measure_writes_results_and_logprobs(tmp_path, monkeypatch):
     assert sent == [(True, 1, perplexity.TOP_LOGPROBS)] * 3
     assert result.tokens == 30
     assert result.perplexity == pytest.approx(math.exp(0.5))
-    saved = json.loads((tmp_path / "perplexity_logprobs.json").read_text())
+    saved = perplexity.read_logprobs(tmp_path / perplexity.LOGPROBS_FILE)
     assert set(saved["texts"]) == {p.stem for p in CORPUS_DIR.glob("*.txt")}
     assert len(saved["texts"]["garden"]["top"]) == 10
     assert json.loads((tmp_path / "perplexity.json").read_text())["tokens"] == 30

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from evalsets import perplexity
-from evalsets.perplexity import LOGPROBS_FILE, measure_perplexity
+from evalsets.perplexity import LOGPROBS_FILE, measure_perplexity, read_logprobs
 from evalsets.runner import SAMPLES_FILE, prepare_corpus
 from evalsets.token_corpus import CORPUS_FILE, ScoringCorpus, build_corpus, logged_items
 
@@ -118,7 +118,7 @@ def test_later_stages_score_the_baselines_corpus(tmp_path, prose, monkeypatch):
     assert sorted(tuple(b["prompt"]) for b in sent) == sorted(tuple(s.token_ids)
                                                              for s in corpus.sequences)
     assert all((b["echo"], b["max_tokens"], b["logprobs"]) == (True, 1, 20) for b in sent)
-    saved = json.loads((stage / LOGPROBS_FILE).read_text())["texts"]
+    saved = read_logprobs(stage / LOGPROBS_FILE)["texts"]
     assert set(saved) == {"math/m1/prompt", "math/m1/answer", "prose/garden"}
     answer = next(s for s in corpus.sequences[0].spans if s.name.endswith("answer"))
     assert saved["math/m1/answer"]["tokens"] == [f"token_id:{i}" for i in
