@@ -73,6 +73,18 @@ def _only_groups(field: str | None, groups: list[str], name: str) -> Callable[[A
     return process_docs
 
 
+def _slice(process_docs: Callable[[Any], Any] | None, start: int,
+           stop: int | None) -> Callable[[Any], Any]:
+    """Docs [start, stop) of the set (after any group filter): a later batch of items."""
+
+    def sliced(dataset: Any) -> Any:
+        docs = process_docs(dataset) if process_docs else dataset
+        end = len(docs) if stop is None else min(stop, len(docs))
+        return docs.select(range(min(start, end), end))
+
+    return sliced
+
+
 def primary_metric(config: dict[str, Any]) -> str:
     metadata = config.get("metadata") or {}
     if "primary_metric" in metadata:
@@ -235,8 +247,12 @@ def run_evalset(
     apply_chat_template: bool = True,
     num_concurrent: int = 4,
     timeout_s: int = 300,
+    start: int = 0,
 ) -> TaskQuality:
-    """One eval set through lm-eval; raw results in `out_dir/<set>/`."""
+    """One eval set through lm-eval; raw results in `out_dir/<set>/`.
+
+    With `start`, items [start, start + limit) of the set: a later batch of the adaptive
+    sample size (raw results then in `out_dir/<set>-from<start>/`)."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -244,6 +260,11 @@ def run_evalset(
         raise MeasurementError(INSTALL_HINT) from exc
 
     config = load_task_config(spec)
+    limit = spec.limit
+    if start:
+        stop = None if spec.limit is None else start + spec.limit
+        config["process_docs"] = _slice(config.get("process_docs"), start, stop)
+        limit = None
     metric = primary_metric(config)
     max_gen_toks = int(config.get("generation_kwargs", {}).get("max_gen_toks", 256))
     root = base_url.rstrip("/")
@@ -265,7 +286,7 @@ def run_evalset(
             tasks=[copy.deepcopy(config)],
             task_manager=TaskManager(include_defaults=False),
             apply_chat_template=apply_chat_template,
-            limit=spec.limit,
+            limit=limit,
             log_samples=True,
             bootstrap_iters=0,
         )
@@ -280,7 +301,7 @@ def run_evalset(
     if not results or config["task"] not in results.get("samples", {}):
         raise MeasurementError(f"quality: lm-eval returned no samples for {spec.name!r}")
 
-    _save_raw(results, out_dir / spec.name)
+    _save_raw(results, out_dir / (f"{spec.name}-from{start}" if start else spec.name))
     items = samples_to_items(
         results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish,
         group_field(spec),

@@ -11,18 +11,20 @@ from prefect.cache_policies import NO_CACHE
 from evalsets.contracts import fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
+from flows.adaptive import grow_until_decided
 from flows.plan import Stage, plan
 from flows.settings import Settings
 from flows.spec import Spec, load_spec
 from flows.tracking import Tracker
+from gates.accuracy import PowerPlan, plan_power
 from gates.decide import decide
-from gates.policy import GatePolicy, load_policy, save_run_policy
+from gates.policy import GatePolicy, load_policy, precision_class, save_run_policy
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
 from gates.verdict import Verdict
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
-from infra.errors import EngineError, MeasurementError
+from infra.errors import EngineError, MeasurementError, SpecError
 from infra.vllm_engine import port_free
 from load.launch import free_port
 from load.paired import Server, run_paired_load
@@ -38,7 +40,7 @@ class Prepared:
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
         self.stages: list[Stage] = plan(self.spec)
-        validate_sets(self.spec.evalsets)
+        self.pools: dict[str, int] = validate_sets(self.spec.evalsets)
         engine = self.spec.engine
         if engine.kind == "vllm":
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
@@ -54,22 +56,46 @@ class Prepared:
             profile = str(base / profile)
         self.profile: LoadProfile = load_profile(profile)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
+        self.power = check_power(self.spec, self.stages, self.pools, self.policy)
+
+
+def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
+                policy: GatePolicy) -> list[PowerPlan]:
+    """Refuse a spec whose sets cannot give the pooled accuracy test the policy's power."""
+    sizes = {s.name: min(s.limit or pools[s.name], pools[s.name]) for s in spec.evalsets}
+    classes = sorted({precision_class(s.axes.model_dump(exclude={"emulated"}))
+                      for s in stages if s.parent is not None})
+    plans = [plan_power(sizes, pools, precision, policy) for precision in classes]
+    for power in plans:
+        if power.power < policy.quality.power:
+            hint = (f"use at least: {', '.join(f'{n} limit {k}' for n, k in power.needed.items())}"
+                    if power.needed else "the sets do not hold enough items: add items, or widen "
+                    "the margin in the gate policy")
+            raise SpecError("eval sets too small for the accuracy gate: "
+                            f"{power.describe(policy.quality.power)}; {hint}")
+    return plans
 
 
 @task(name="quality", cache_policy=NO_CACHE)
 def measure_quality(
-    facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings
+    facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings,
+    prepared: Prepared | None = None,
 ) -> QualityResult:
     # Divergence and perplexity pair this stage's corpus logprobs with the baseline's and the
     # parent's, stored beside it.
     baseline = None if stage.parent is None else folder.parent / "baseline" / "quality"
     parent = None if stage.parent is None else folder.parent / stage.parent / "quality"
-    return run_quality(
+    quality = run_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
         baseline_dir=baseline, parent_dir=parent,
     )
+    if stage.parent is None or prepared is None:
+        return quality
+    # Inconclusive accuracy is not a dead end: score more items while the set has them.
+    return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
+                              prepared.policy, prepared.pools, settings.num_concurrent)
 
 
 @task(name="load", cache_policy=NO_CACHE)
@@ -136,7 +162,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             record.facts = facts
             logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
                         facts.kv_cache_tokens)
-            record.quality = measure_quality(facts, stage, spec, folder, settings)
+            record.quality = measure_quality(facts, stage, spec, folder, settings, prepared)
             reference = timed_against(stage, prepared)
             if reference is None:
                 record.load = measure_load(facts, prepared.profile, folder)
@@ -193,6 +219,8 @@ def acceptance(
                     tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
             records.append(record)
         save_run_policy(prepared.policy, results_dir)  # `quantgate gate` re-judges by this one
+        # As stored: later stages may have grown the baseline's items (adaptive sample size).
+        records = [StageRecord.read(results_dir / record.name) for record in records]
         verdict = decide(spec.candidate, records, prepared.policy)
         verdict_path = verdict.save(results_dir / "verdict.json")
         report_dir = (settings.reports_dir / results_dir.name).resolve()

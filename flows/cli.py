@@ -68,6 +68,8 @@ def validate(spec: Path) -> None:
         table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
                       stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
     console.print(table)
+    for plan in prepared.power:
+        console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
 
 
 @app.command()

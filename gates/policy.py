@@ -25,7 +25,10 @@ class Rules(BaseModel):
 class Tolerance(Rules):
     """What a stage of one precision class may cost, against the baseline."""
 
-    recovery: float = Field(gt=0, le=1, description="Accuracy recovery: stage / baseline accuracy.")
+    accuracy_margin: float = Field(
+        gt=0, lt=1, description="Non-inferiority margin: accuracy points a stage may lose vs the "
+        "baseline (0.08 = 8 points), pooled over the sets."
+    )
     max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats.")
     min_top1: float = Field(gt=0, le=1, description="Share of tokens with the same top-1 token.")
 
@@ -33,13 +36,21 @@ class Tolerance(Rules):
 class QualityRules(Rules):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided CI level of every bound.")
     alpha: float = Field(0.05, gt=0, lt=1, description="One-sided exact McNemar level (Holm).")
-    power: float = Field(0.80, gt=0.5, lt=1, description="Power assumed by the reported MDE.")
+    power: float = Field(
+        0.80, gt=0.5, lt=1, description="Power the pooled accuracy test must reach at the margin "
+        "for an equivalent stage (validate refuses a spec below it)."
+    )
     planning_discordance: float = Field(
-        0.10, gt=0, le=1, description="Share of items expected to flip, for the MDE when fewer flip."
+        0.10, gt=0, le=1, description="Share of items expected to flip, for the power check."
     )
     min_items: int = Field(20, ge=1, description="Fewer paired items fail closed.")
-    accuracy_required: bool = Field(
-        False, description="An inconclusive accuracy non-inferiority bound blocks the go."
+    max_looks: int = Field(
+        3, ge=1, le=10, description="Looks of the sequential accuracy test: the first, then one per "
+        "batch of extra items scored while it is inconclusive; alpha is split over them."
+    )
+    growth: float = Field(
+        2.0, gt=1, le=10, description="Each extra batch multiplies a set's item count by this "
+        "(capped by the items the set has)."
     )
     long_context_required: bool = Field(
         False, description="An inconclusive long-context bucket blocks the go."
@@ -101,8 +112,8 @@ class LengthRules(Rules):
 
 def _default_tolerances() -> dict[str, Tolerance]:
     return {
-        "8bit": Tolerance(recovery=0.99, max_kl=0.03, min_top1=0.90),
-        "4bit": Tolerance(recovery=0.97, max_kl=0.10, min_top1=0.84),
+        "8bit": Tolerance(accuracy_margin=0.08, max_kl=0.03, min_top1=0.90),
+        "4bit": Tolerance(accuracy_margin=0.10, max_kl=0.10, min_top1=0.84),
     }
 
 
@@ -114,6 +125,10 @@ class GatePolicy(Rules):
     latency: LatencyRules = Field(default_factory=LatencyRules)
     load: LoadRules = Field(default_factory=LoadRules)
     length: LengthRules = Field(default_factory=LengthRules)
+
+    def reachable(self, items: int, pool: int) -> int:
+        """Items a set of `items` can grow to by the last look, within its `pool`."""
+        return min(pool, math.ceil(items * self.quality.growth ** (self.quality.max_looks - 1)))
 
     def tolerance(self, precision: Precision) -> Tolerance:
         if precision not in self.tolerances:

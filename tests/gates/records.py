@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from evalsets.results import Divergence, QualityItem, QualityResult, TaskQuality
+from evalsets.results import Divergence, PairedTokens, QualityItem, QualityResult, TaskQuality
 from gates.record import StageRecord
 from infra.engine import EngineFacts
 from load.results import LoadResult, LoadSample, LoadSummary, PairedLoad, PairedRound
@@ -74,6 +76,24 @@ def paired(
     return PairedLoad(reference=reference, requests_per_round=requests, rounds=levels)
 
 
+def paired_tokens(kl: float | None, top1: float, log_ratio: float, parent_log_ratio: float,
+                  texts: int = 40, per_text: int = 100, seed: int = 0) -> PairedTokens:
+    """Per-token values vs the baseline and the parent: KL ~ exponential(kl), top-1 agreement at
+    rate top1 (both left out when kl is None), NLL differences (stage - reference) around the log
+    perplexity ratios. The point estimates are exactly the ones asked for."""
+    rng = np.random.default_rng(seed)
+    n = texts * per_text
+    spread = rng.exponential(1.0, n)
+    noise = rng.normal(0, 0.05, n)
+    noise -= noise.mean()
+    return PairedTokens.from_values(
+        20, [(f"text{i}", per_text) for i in range(texts)],
+        kl=None if kl is None else kl * spread / spread.mean(),
+        top1_agree=None if kl is None else rng.permutation(np.arange(n) < round(top1 * n)),
+        nll_diff_vs_baseline=log_ratio + noise, nll_diff_vs_parent=parent_log_ratio + noise,
+    )
+
+
 def record(
     name: str,
     parent: str | None,
@@ -91,8 +111,11 @@ def record(
     raw_samples: bool = False,
     ttft: float = 80.0,
     paired_load: PairedLoad | None = None,
+    parent_perplexity: float | None = None,
 ) -> StageRecord:
-    """A stage with one set 'math'; a non-baseline stage gets a divergence unless kl is None."""
+    """A stage with one set 'math'; a non-baseline stage gets per-token divergence values (KL and
+    top-1 unless kl is None) and NLL differences. The baseline's perplexity is 10.0; the parent's
+    is `parent_perplexity` (default: 10.0 for the baseline, else the stage's own: no change)."""
     lengths = lengths or [40] * len(scores)
     items = [
         QualityItem(id=str(i), prompt_hash="h", response=f"{name} answer {i}", score=s,
@@ -100,14 +123,18 @@ def record(
                     finish_reason=finish[i] if finish else "stop")
         for i, (s, n) in enumerate(zip(scores, lengths, strict=True))
     ]
-    divergence = None
-    if parent is not None and kl is not None:
-        divergence = Divergence(tokens=4000, mean_kl=kl, kl_ci_low=kl * 0.9, kl_ci_high=kl * 1.1,
-                                top1_agreement=top1)
+    divergence = paired = None
+    if parent is not None:
+        if kl is not None:
+            divergence = Divergence(tokens=4000, mean_kl=kl, top1_agreement=top1)
+        if parent_perplexity is None:
+            parent_perplexity = 10.0 if parent == "baseline" else perplexity
+        paired = paired_tokens(kl, top1, math.log(perplexity / 10.0),
+                               math.log(perplexity / parent_perplexity))
     quality = QualityResult(
         tasks={"math": TaskQuality(task="math", metric="accuracy", value=sum(scores) / len(scores),
                                    items=items)},
-        perplexity=perplexity, divergence=divergence,
+        perplexity=perplexity, divergence=divergence, paired_tokens=paired,
     )
     load = LoadResult(
         summaries={lvl: summary(lvl, tpot, ttft, errors=errors) for lvl in ("low", "high")},
@@ -151,7 +178,7 @@ def chain(n: int = 120) -> list[StageRecord]:
         record("w8", "baseline", w8_scores, jitter, perplexity=10.1, kl=0.004, top1=0.985,
                axes=UNQUANTIZED | {"weights": "int8/channel"}, finish=finish, **common),
         record("a8", "w8", a8_scores, jitter, perplexity=10.2, kl=0.009, top1=0.975, tpot=21.0,
-               kind="activations", finish=finish,
+               kind="activations", finish=finish, parent_perplexity=10.1,
                axes=UNQUANTIZED | {"weights": "int8/channel", "activations": "int8/token/dynamic"},
                **common),
     ]
