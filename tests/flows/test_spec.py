@@ -146,7 +146,9 @@ def test_missing_or_non_model_checkpoint(tmp_path):
 @pytest.mark.parametrize("name", ["demo.yaml", "demo-avx2.yaml", "demo-w4a16.yaml", "demo-w4a16-avx2.yaml"])
 def test_bundled_demo_specs_parse(name):
     spec = load_spec(REPO / "flows" / "specs" / name)
-    assert spec.stages[0].kind == "weights"
+    weights = next(stage for stage in spec.stages if stage.kind == "weights")
+    assert weights.parent == "baseline"
+    assert all(stage.parent == "baseline" for stage in spec.stages if stage.kind == "control")
 
 
 def test_sets_too_small_for_the_accuracy_gate_are_refused_with_the_items_needed(tmp_path):

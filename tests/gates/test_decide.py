@@ -34,11 +34,15 @@ def test_broken_items_roll_back_with_flip_counts():
     assert verdict.rollback_command == "vllm --model baseline"
 
 
-def test_balanced_flips_within_tolerance_go():
+def test_balanced_flips_within_tolerance_go_once_the_set_can_tell():
     shuffled = [0.0] + [1.0] * 29 + [1.0] + [0.0] * 29
     verdict = decide("c", [record("baseline", None, BASE_SCORES), record("w", "baseline", shuffled)],
                      POLICY)
-    assert verdict.decision == "go"
+    assert verdict.decision == "rollback"  # 60 items: the bound reaches -8.4 pts, score more
+    assert "score more items to decide" in verdict.reasons[0]
+    verdict = decide("c", [record("baseline", None, BASE_SCORES * 2),
+                           record("w", "baseline", shuffled * 2)], POLICY)
+    assert verdict.decision == "go", verdict.reasons
 
 
 def test_perplexity_latency_errors_and_length_each_fail():

@@ -180,7 +180,8 @@ def test_a_broken_long_context_bucket_fails():
                            record("w", "baseline", broken, groups=groups)], POLICY)
     bucket = checks(verdict, "w")["quality.math.long"]
     assert bucket.status == "fail" and "25 right->wrong" in bucket.reason
-    assert checks(verdict, "w")["quality.math.short"].status == "pass"
+    short = checks(verdict, "w")["quality.math.short"]
+    assert short.passed and short.status in ("pass", "inconclusive") and not short.required
 
 
 def test_verdict_json_carries_the_rollback_plan_and_a_stable_candidate_hash(tmp_path):
