@@ -51,7 +51,7 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         if record.parent is None:
             checks = _baseline_checks(record, policy)
         else:
-            checks = stage_checks(record, by_name[record.parent], baseline, policy)
+            checks = stage_checks(record, by_name[record.parent], baseline, policy, by_name)
         if record is final and record.emulated:
             checks.append(Check(
                 rule="servable", passed=False,
