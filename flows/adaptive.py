@@ -24,6 +24,8 @@ from gates.accuracy import more_items
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from infra.engine import EngineFacts, engine_class
+from infra.vllm_engine import port_free
+from load.launch import free_port
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +96,9 @@ def grow_until_decided(
 def _baseline_engine(spec: Spec, baseline: Stage, folder: Path):
     engine_spec = spec.engine
     if engine_spec.kind == "vllm":
+        port = engine_spec.port + BASELINE_PORT_OFFSET
         engine_spec = engine_spec.model_copy(
-            update={"port": engine_spec.port + BASELINE_PORT_OFFSET})
+            update={"port": port if port_free(engine_spec.host, port) else free_port()})
     engine = engine_class(engine_spec.kind)(engine_spec, baseline.checkpoint, baseline.engine_flags,
                                             folder / "engine-more-items.log", baseline.name)
     with engine as facts:
