@@ -1,4 +1,4 @@
-"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Wilcoxon, Holm, MDE."""
+"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Wilcoxon, Holm."""
 
 from __future__ import annotations
 
@@ -106,12 +106,6 @@ def wilcoxon_p(differences: np.ndarray) -> float:
     return float(stats.wilcoxon(differences, zero_method="wilcox").pvalue)
 
 
-def proportion_ci(successes: int, trials: int, confidence: float) -> Interval:
-    """Wilson CI of a proportion."""
-    ci = stats.binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="wilson")
-    return Interval(successes / trials, float(ci.low), float(ci.high))
-
-
 def holm(pvalues: dict[str, float]) -> dict[str, float]:
     """Holm-Bonferroni adjusted p-values (step-down, monotone), by name."""
     ordered = sorted(pvalues.items(), key=lambda kv: kv[1])
@@ -122,22 +116,3 @@ def holm(pvalues: dict[str, float]) -> dict[str, float]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[name] = running
     return adjusted
-
-
-def _z(confidence: float, power: float) -> float:
-    return float(stats.norm.ppf(1 - (1 - confidence) / 2) + stats.norm.ppf(power))
-
-
-def paired_mde(n: int, discordance: float, confidence: float, power: float) -> float:
-    """Smallest paired accuracy difference a set of n items detects (normal approximation).
-
-    For 0/1 scores the per-item difference has variance ~ the share of discordant (flipped) items.
-    """
-    return _z(confidence, power) * math.sqrt(discordance / n)
-
-
-def items_needed(margin: float, discordance: float, confidence: float, power: float) -> int:
-    """Items a set needs for its MDE to reach `margin`."""
-    if margin <= 0:
-        return 10**9
-    return math.ceil(discordance * (_z(confidence, power) / margin) ** 2)

@@ -29,18 +29,9 @@ def test_bootstrap_ci_covers_the_mean_and_collapses_when_nothing_moved():
     assert again == ci, "a fixed seed gives the same bound: verdicts are reproducible"
 
 
-def test_minimum_detectable_effect_shrinks_with_items():
-    small = stats.paired_mde(100, 0.10, 0.95, 0.80)
-    assert small == pytest.approx(0.0886, abs=0.001)
-    assert stats.paired_mde(10_000, 0.10, 0.95, 0.80) == pytest.approx(small / 10)
-    assert stats.items_needed(small, 0.10, 0.95, 0.80) == pytest.approx(100, abs=1)
-
-
-def test_wilcoxon_and_wilson():
+def test_wilcoxon():
     assert stats.wilcoxon_p(np.zeros(30)) == 1.0
     assert stats.wilcoxon_p(np.full(30, 0.2) + np.linspace(0, 0.01, 30)) < 1e-4
-    ci = stats.proportion_ci(950, 1000, 0.95)
-    assert ci.low < 0.95 < ci.high and ci.high - ci.low < 0.03
 
 
 def test_precision_class_is_the_narrowest_quantized_axis():
