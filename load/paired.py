@@ -54,7 +54,15 @@ def run_paired_load(
     result = LoadResult(max_error_rate=profile.max_error_rate)
     paired = PairedLoad(reference=reference_name, reference_command=reference_command,
                         requests_per_round=profile.round_requests)
-    for level, users in profile.levels().items():
+    # A freshly started reference is cold (first shapes, caches) while the stage has just
+    # answered its eval sets: warm both at the busiest level before any round counts.
+    levels = profile.levels()
+    warm = one_side.model_copy(update={"requests": max(users for users in levels.values()) * 2,
+                                       "warmup_requests": 0})
+    for side, server in servers.items():
+        run_level(server.base_url, server.model, warm, "warmup", max(levels.values()),
+                  out_dir / side)
+    for level, users in levels.items():
         rounds: list[PairedRound] = []
         windows: list[float] = []
         for index in range(profile.rounds):

@@ -50,8 +50,10 @@ def test_two_servers_are_timed_in_interleaved_rounds(tmp_path):
             Server(stage.base_url, "stage-model"), Server(reference.base_url, "fake-model"),
             "baseline", PROFILE, tmp_path, reference_command="vllm serve base",
         )
-        # Per level, rounds and sides: 1 warm-up + 3 measured requests each, nothing else.
-        assert len(reference.requests) == len(stage.requests) == 2 * 3 * 4
+        # Both warmed once at the busiest level (2 requests per user), then per level, round and
+        # side: 1 warm-up + 3 measured requests, nothing else.
+        warm = 2 * PROFILE.high_users
+        assert len(reference.requests) == len(stage.requests) == warm + 2 * 3 * 4
     assert paired.reference == "baseline" and paired.requests_per_round == 3
     assert paired.reference_command == "vllm serve base"
     for level, users in (("low", 1), ("high", 2)):
