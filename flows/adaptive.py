@@ -1,4 +1,4 @@
-"""Adaptive sample size: while the pooled accuracy rule is inconclusive, score more items.
+"""Adaptive sample size: while accuracy (or output length) is inconclusive, score more items.
 
 The stage's engine is still up; the baseline is served again beside it (another port, the same
 cores) only for the items it has not answered yet, and its stored record grows with them, so a
@@ -57,12 +57,15 @@ def grow_until_decided(
     if base_record.quality is None:
         return quality
     precision = precision_class(stage.axes.model_dump(exclude={"emulated"}))
+    parent = None
+    if stage.parent != baseline.name:  # length is judged against the parent, as it was stored
+        parent = StageRecord.read(results_dir / stage.parent).quality
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         base_facts: EngineFacts | None = None
         while quality.looks < policy.quality.max_looks:
-            sizes = more_items(quality, base_record.quality, precision, policy, pools)
+            sizes = more_items(quality, base_record.quality, precision, policy, pools, parent)
             if sizes is None:
                 break
             quality.looks += 1

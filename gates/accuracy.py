@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from evalsets.results import QualityItem, QualityResult
 from gates import stats
+from gates.length import length_checks
 from gates.noninferiority import Stratum, look_alpha, score_interval, simulated_power
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord, paired_items
@@ -270,11 +271,14 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
 
 
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
-               policy: GatePolicy, pools: dict[str, int]) -> dict[str, int] | None:
+               policy: GatePolicy, pools: dict[str, int],
+               parent: QualityResult | None = None) -> dict[str, int] | None:
     """The items per set for the next look, or None when nothing is left to decide or to grow.
 
     Every set grows while the pooled rule is inconclusive; otherwise only the sets that cannot
-    vouch yet (floor or ceiling) or lean inferior without a decision do."""
+    vouch yet (floor or ceiling) or lean inferior without a decision do. While the required
+    length rule against the parent is inconclusive, every set grows as far as the parent's
+    answers reach (`parent` None: the parent is the baseline, which is served again for them)."""
     margin = policy.tolerance(precision).accuracy_margin
     level = look_alpha(policy.quality.alpha, policy.quality.max_looks)
     paired, problems = measured_sets(stage, baseline, baseline)
@@ -283,12 +287,29 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     sets = {name: SetCounts.of(f"quality.{name}", vs_baseline, vs_parent)
             for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
+    limits = {name: pools.get(name, n) for name, n in sizes.items()}
     if pooled_check(list(sets.values()), margin, precision, policy).status == "inconclusive":
         growing = list(sets)
     else:
         growing = [name for name, counts in sets.items() if counts.bound(margin) or (
             leans_inferior(counts, margin) and score_interval([counts.stratum], level)[2] >= -margin)]
+    if not growing and policy.length.required and _length_unresolved(stage, parent or baseline,
+                                                                      policy):
+        growing = list(sets)
+        if parent is not None:
+            limits = {name: min(limits[name], len(parent.tasks[name].items))
+                      for name in sizes if name in parent.tasks}
     grown = dict(sizes)
     for name in growing:
-        grown[name] = min(pools.get(name, sizes[name]), math.ceil(sizes[name] * policy.quality.growth))
+        if name in limits:
+            grown[name] = max(sizes[name], min(limits[name],
+                                               math.ceil(sizes[name] * policy.quality.growth)))
     return grown if any(grown[name] > sizes[name] for name in sizes) else None
+
+
+def _length_unresolved(stage: QualityResult, parent: QualityResult, policy: GatePolicy) -> bool:
+    def wrap(name: str, quality: QualityResult) -> StageRecord:
+        return StageRecord(name=name, kind="stage", parent=None, axes={}, quality=quality)
+
+    return length_checks(wrap("stage", stage), wrap("parent", parent), policy)[0].status == \
+        "inconclusive"

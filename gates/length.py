@@ -16,7 +16,10 @@ def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarr
     """Per set: log((stage tokens + 1) / (parent tokens + 1)) over items with known lengths.
 
     The +1 keeps empty answers in: a stage that answers nothing is the largest drift of all,
-    not a pair to skip."""
+    not a pair to skip. A pair whose parent answer was cut at the budget is left out: its true
+    length is unknown (only "at least the budget"), and any change can only shorten it, which
+    would read as drift. A stage cut where its parent stopped stays in (a lower bound of its
+    growth), and the share cut off is judged by length.finish."""
     out: dict[str, np.ndarray] = {}
     if stage.quality is None or parent.quality is None:
         return out
@@ -24,7 +27,8 @@ def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarr
         pairs = paired_items(parent_task, stage.quality.tasks.get(name))
         out[name] = np.array([math.log((s.output_tokens + 1) / (p.output_tokens + 1))
                               for p, s in pairs
-                              if s.output_tokens is not None and p.output_tokens is not None],
+                              if s.output_tokens is not None and p.output_tokens is not None
+                              and p.finish_reason != "length"],
                              dtype=float)
     return out
 
@@ -54,7 +58,8 @@ def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -
         "length", outcome, rules.required,
         f"paired length ratio x{math.exp(ci.estimate):.3f} ({q.confidence:.0%} CI "
         f"[x{math.exp(ci.low):.3f}, x{math.exp(ci.high):.3f}]) over {len(ratios)} responses, "
-        f"{details['changed']} changed length; Wilcoxon (Holm) {wilcoxon}; limit "
+        f"{details['changed']} changed length (pairs whose parent was cut at the budget left out: "
+        f"censored); Wilcoxon (Holm) {wilcoxon}; limit "
         f"x{1 - rules.max_change:.2f}..x{1 + rules.max_change:.2f}",
         value=ci.estimate, limit=high, details=details,
     )]

@@ -74,3 +74,15 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
     stored = StageRecord.read(results / "baseline")
     assert len(stored.quality.tasks["math"].items) == 80  # the next stage finds them scored
     assert QualityResult.read(results / "control" / "quality").looks == 2
+
+
+def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches():
+    base = answers("math", [truth(i) for i in range(200)])
+    stage = answers("math", [truth(i) for i in range(120)])
+    for i, item in enumerate(stage.tasks["math"].items):  # lengths scattered around the parent's
+        item.output_tokens = (2, 5, 9)[i % 3]
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000}) == {"math": 240}
+    parent = answers("math", [truth(i) for i in range(150)])
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) == {"math": 150}
+    parent.tasks["math"].items = parent.tasks["math"].items[:120]
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) is None

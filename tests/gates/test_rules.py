@@ -149,6 +149,17 @@ def test_a_set_missing_from_the_stage_and_its_parent_is_flagged():
     assert verdict.decision == "rollback"
 
 
+def test_answers_cut_at_the_budget_by_the_parent_are_censored_not_drift():
+    cut = ["length"] * 40 + ["stop"] * 60
+    shorter_where_cut = [20] * 40 + [40] * 60  # the parent's 40 cut answers end earlier now
+    verdict = decide("c", [record("baseline", None, BASE, lengths=[64] * 40 + [40] * 60,
+                                  finish=cut),
+                           record("w", "baseline", BASE, lengths=shorter_where_cut,
+                                  finish=["stop"] * 100)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "pass" and length.details["n"] == 60 and "censored" in length.reason
+
+
 def test_more_responses_cut_off_at_the_budget_fail():
     before = ["stop"] * 100
     after = ["length"] * 30 + ["stop"] * 70
