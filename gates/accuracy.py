@@ -73,24 +73,33 @@ def _interval_text(estimate: float, low: float, high: float, level: float) -> st
             f"[{points(low)}, {points(high)}]")
 
 
+def _pooled(sets: list[SetCounts], margin: float, level: float,
+            ) -> tuple[list[SetCounts], tuple[float, float, float] | None, str]:
+    """The sets that can vouch, their pooled (estimate, low, high) and the outcome."""
+    vouching = [s for s in sets if s.bound(margin) is None]
+    if not vouching:
+        return vouching, None, "inconclusive"
+    estimate, low, high = score_interval([s.stratum for s in vouching], level)
+    outcome = "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
+    return vouching, (estimate, low, high), outcome
+
+
 def pooled_check(sets: list[SetCounts], margin: float, precision: str,
                  policy: GatePolicy) -> Check:
     """The required rule: equal-weight stratified non-inferiority over the sets that can vouch."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
-    vouching = [s for s in sets if s.bound(margin) is None]
+    vouching, interval, outcome = _pooled(sets, margin, level)
     left_out = [f"{s.rule.removeprefix('quality.')} ({s.bound(margin)})"
                 for s in sets if s.bound(margin)]
     note = f"; left out: {', '.join(left_out)}" if left_out else ""
-    if not vouching:
+    if interval is None:
         return judged("quality.accuracy", "inconclusive", True,
                       f"no eval set can vouch for accuracy at a {100 * margin:.0f}-point margin{note}",
                       details={"sets": 0, "margin": margin})
-    strata = [s.stratum for s in vouching]
-    estimate, low, high = score_interval(strata, level)
+    estimate, low, high = interval
     sizes = [s.n for s in vouching]
     power = simulated_power(sizes, margin, q.planning_discordance, level, seed=q.seed, draws=4000)
-    outcome = "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
     per_set = ", ".join(f"{s.rule.removeprefix('quality.')} {s.summary()}" for s in vouching)
     reason = (
         f"{_interval_text(estimate, low, high, level)} over {len(vouching)} sets "
@@ -288,7 +297,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
             for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
-    if pooled_check(list(sets.values()), margin, precision, policy).status == "inconclusive":
+    if _pooled(list(sets.values()), margin, level)[2] == "inconclusive":  # no power to print
         growing = list(sets)
     else:
         growing = [name for name, counts in sets.items() if counts.bound(margin) or (

@@ -16,7 +16,6 @@ adaptive sample size then pays down.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,13 +116,3 @@ def simulated_power(sizes: list[int], margin: float, discordance: float, alpha: 
                          for size in sizes])
     z = score_z((n, outcomes[:, :, 0], outcomes[:, :, 1]), -margin)
     return float(np.mean(z >= stats.norm.ppf(1 - alpha)))
-
-
-def items_for_power(sizes: list[int], pools: list[int], margin: float, discordance: float,
-                    alpha: float, power: float, seed: int = 0) -> list[int] | None:
-    """Smallest common scale-up of the set sizes (capped by each pool) that reaches `power`."""
-    for factor in (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 50):
-        scaled = [min(pool, math.ceil(size * factor)) for size, pool in zip(sizes, pools, strict=True)]
-        if simulated_power(scaled, margin, discordance, alpha, draws=4000, seed=seed) >= power:
-            return scaled
-    return None
