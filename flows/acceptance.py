@@ -12,6 +12,7 @@ from evalsets.contracts import fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
+from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
 from flows.plan import Stage, plan
 from flows.settings import Settings
 from flows.spec import Spec, load_spec
@@ -25,8 +26,6 @@ from gates.verdict import Verdict
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError, SpecError
-from infra.vllm_engine import port_free
-from load.launch import free_port
 from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
 from load.results import LoadResult, PairedLoad
@@ -132,18 +131,6 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
     return reference
 
 
-def reference_engine(prepared: Prepared, reference: Stage, folder: Path):
-    """The reference's engine, beside the stage's: same cores and settings, its own port and log."""
-    engine = prepared.spec.engine
-    if engine.kind == "vllm":
-        port = engine.port + 1 if port_free(engine.host, engine.port + 1) else free_port()
-        engine = engine.model_copy(update={"port": port})
-    return engine_class(engine.kind)(
-        engine, reference.checkpoint, reference.engine_flags, folder / "reference-engine.log",
-        reference.name,
-    )
-
-
 def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings) -> StageRecord:
     """Start the engine, measure, stop; a failed measurement is kept as the stage's error."""
     logger = get_run_logger()
@@ -171,7 +158,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                 # both sides of a round alike (load/README.md).
                 logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
                             reference.name)
-                with reference_engine(prepared, reference, folder) as reference_facts:
+                with engine_beside(spec, reference, folder / "reference-engine.log",
+                                   REFERENCE_PORT_OFFSET) as reference_facts:
                     record.load, record.paired_load = measure_paired_load(
                         facts, reference_facts, reference, prepared.profile, folder)
     except MeasurementError as err:

@@ -18,20 +18,15 @@ from evalsets.contracts import fit_to_context
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
+from flows.engines import BASELINE_PORT_OFFSET, engine_beside
 from flows.plan import Stage
 from flows.spec import Spec
 from gates.accuracy import more_items
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
-from infra.engine import EngineFacts, engine_class
-from infra.vllm_engine import port_free
-from load.launch import free_port
+from infra.engine import EngineFacts
 
 log = logging.getLogger(__name__)
-
-# The baseline's second engine binds the stage's port + this (the load reference takes + 1).
-BASELINE_PORT_OFFSET = 2
-
 
 def _extend(task: TaskQuality, items: list[QualityItem]) -> None:
     known = {item.id for item in task.items}
@@ -75,8 +70,9 @@ def grow_until_decided(
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
                 if wanted > len(base_task.items):
                     if base_facts is None:
-                        base_facts = stack.enter_context(_baseline_engine(spec, baseline,
-                                                                          baseline_folder))
+                        base_facts = stack.enter_context(engine_beside(
+                            spec, baseline, baseline_folder / "engine-more-items.log",
+                            BASELINE_PORT_OFFSET))
                     _extend(base_task, _score(
                         base_facts, sets[name], len(base_task.items), wanted,
                         baseline_folder / "quality", baseline.checkpoint, spec.chat_template,
@@ -93,16 +89,3 @@ def grow_until_decided(
     quality.added_s += time.monotonic() - started
     quality.save(results_dir / stage.name / "quality")
     return quality
-
-
-@contextlib.contextmanager
-def _baseline_engine(spec: Spec, baseline: Stage, folder: Path):
-    engine_spec = spec.engine
-    if engine_spec.kind == "vllm":
-        port = engine_spec.port + BASELINE_PORT_OFFSET
-        engine_spec = engine_spec.model_copy(
-            update={"port": port if port_free(engine_spec.host, port) else free_port()})
-    engine = engine_class(engine_spec.kind)(engine_spec, baseline.checkpoint, baseline.engine_flags,
-                                            folder / "engine-more-items.log", baseline.name)
-    with engine as facts:
-        yield facts

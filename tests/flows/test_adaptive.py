@@ -59,11 +59,12 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
         return answers("math", [truth(i) for i in range(stop)]).tasks["math"].items[start:]
 
     @contextlib.contextmanager
-    def fake_engine(spec_, stage, folder):
+    def fake_engine(spec_, stage, log_path, port_offset):
+        assert stage.name == "baseline" and port_offset == 2
         yield EngineFacts(base_url="http://b", model="baseline", command=["vllm"])
 
     monkeypatch.setattr(adaptive, "_score", fake_score)
-    monkeypatch.setattr(adaptive, "_baseline_engine", fake_engine)
+    monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
     stage_facts = EngineFacts(base_url="http://s", model="control", command=["vllm"])
     quality = adaptive.grow_until_decided(
         control, answers("math", [truth(i) for i in range(40)]), stage_facts, spec, baseline,
