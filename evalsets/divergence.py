@@ -139,8 +139,11 @@ def paired_tokens(stage_logprobs: Path, baseline_logprobs: Path,
             agree.append(_top1(b_top) == _top1(s_top))
     if not kls:
         raise MeasurementError("divergence: no token positions to compare")
+    vs_baseline = nll_differences(stage, base)
     vs_parent = None
-    if parent_logprobs is not None:
+    if parent_logprobs is not None and Path(parent_logprobs) == Path(baseline_logprobs):
+        vs_parent = vs_baseline  # the first stage's parent is the baseline: the same pair, once
+    elif parent_logprobs is not None:
         parent = _read(parent_logprobs)
         try:
             if [name for name, _ in _series(stage, parent)[0]] != [name for name, _ in spans]:
@@ -150,7 +153,7 @@ def paired_tokens(stage_logprobs: Path, baseline_logprobs: Path,
             log.error("paired perplexity against the parent: %s", err)
     return PairedTokens.from_values(
         min(base_k, stage_k), spans, kl=np.array(kls), top1_agree=np.array(agree),
-        nll_diff_vs_baseline=nll_differences(stage, base), nll_diff_vs_parent=vs_parent,
+        nll_diff_vs_baseline=vs_baseline, nll_diff_vs_parent=vs_parent,
     )
 
 
