@@ -1,4 +1,4 @@
-"""The registry side of the service against real `mlflow server` processes (sqlite backends)."""
+"""The registry side of the service against a real `mlflow server` process (sqlite backend)."""
 
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ class MlflowServer:
 
 @dataclass
 class Registry:
-    proxied: str  # --artifacts-destination: runs store artifacts as mlflow-artifacts:/ URIs
-    local: str  # --no-serve-artifacts --default-artifact-root DIR: plain paths
+    url: str  # the server stores artifacts itself (--artifacts-destination): mlflow-artifacts:/ URIs
+    local: str  # an experiment whose artifact location is a plain folder
     template: Path
     announced: list = field(default_factory=list)
 
@@ -109,26 +109,21 @@ class Registry:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     root = tmp_path_factory.mktemp("registry")
-    servers = [MlflowServer(root / "proxied", "--artifacts-destination", str(root / "served")),
-               MlflowServer(root / "local", "--no-serve-artifacts",
-                            "--default-artifact-root", str(root / "artifacts"))]
+    server = MlflowServer(root / "server", "--artifacts-destination", str(root / "served"))
     with pytest.MonkeyPatch.context() as patch:
         for name, value in QUIET.items():
             patch.setenv(name, value)
         try:
-            for server in servers:
-                server.start()
-            for server in servers:
-                server.wait()
-            found = Registry(servers[0].url, servers[1].url, write_template(root / "specs"))
+            server.start().wait()
+            client = MlflowClient(server.url)
+            client.create_experiment("local", artifact_location=str(root / "artifacts"))
+            found = Registry(server.url, "local", write_template(root / "specs"))
             receiver = serve_webhook(make_app(SECRET, lambda m, v: found.announced.append((m, v))))
-            MlflowClient(found.proxied).create_webhook(
-                "quantgate", receiver.url, ["model_version.created"], secret=SECRET)
+            client.create_webhook("quantgate", receiver.url, ["model_version.created"], secret=SECRET)
             yield found
             receiver.stop()
         finally:
-            for server in servers:
-                server.stop()
+            server.stop()
 
 
 def write_template(folder: Path) -> Path:
@@ -159,7 +154,7 @@ def new_model(client: MlflowClient, registry: Registry) -> str:
 
 
 def test_a_registered_checkpoint_is_polled_once(registry: Registry, tmp_path: Path):
-    client = MlflowClient(registry.proxied)
+    client = MlflowClient(registry.url)
     model = new_model(client, registry)
     version = register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"))
     run = client.get_run(version.run_id)
@@ -170,7 +165,7 @@ def test_a_registered_checkpoint_is_polled_once(registry: Registry, tmp_path: Pa
     seen: set[str] = set()
     assert poll(client, [model, "never-registered"], seen) == [Candidate(
         model=model, version="1", source=version.source, spec=registry.template,
-        tracking_uri=registry.proxied)]
+        tracking_uri=registry.url)]
     assert poll(client, [model], seen) == []
     [again] = poll(client, [model], set())  # a restart before it was tagged: the key dedups
     assert again.key == f"{model}@1"
@@ -181,7 +176,7 @@ def test_a_registered_checkpoint_is_polled_once(registry: Registry, tmp_path: Pa
 
 
 def test_the_server_announces_a_new_version_on_the_signed_webhook(registry: Registry, tmp_path):
-    client = MlflowClient(registry.proxied)
+    client = MlflowClient(registry.url)
     model = new_model(client, registry)
     register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"))
     deadline = time.monotonic() + 20
@@ -191,7 +186,7 @@ def test_the_server_announces_a_new_version_on_the_signed_webhook(registry: Regi
 
 
 def test_a_version_without_a_spec_is_rejected_with_the_reason(registry: Registry, tmp_path):
-    client = MlflowClient(registry.proxied)
+    client = MlflowClient(registry.url)
     model = f"m-{uuid.uuid4().hex[:8]}"
     register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"))
     register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"),
@@ -204,7 +199,7 @@ def test_a_version_without_a_spec_is_rejected_with_the_reason(registry: Registry
 
 
 def test_materialize_puts_the_checkpoint_in_the_chosen_stage(registry: Registry, tmp_path):
-    client = MlflowClient(registry.proxied)
+    client = MlflowClient(registry.url)
     model = new_model(client, registry)
     register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"))
     [candidate] = poll(client, [model], set())
@@ -231,9 +226,10 @@ def test_materialize_puts_the_checkpoint_in_the_chosen_stage(registry: Registry,
 
 
 def test_a_local_artifact_store_gets_hard_links_not_copies(registry: Registry, tmp_path):
-    client = MlflowClient(registry.local)
+    client = MlflowClient(registry.url)
     checkpoint = make_checkpoint(tmp_path / "ckpt")
-    version = register_checkpoint(client, "hardlinked", checkpoint, tags={STAGE: "weights"})
+    version = register_checkpoint(client, "hardlinked", checkpoint, tags={STAGE: "weights"},
+                                  experiment=registry.local)
     registered = checkpoint_path(version.source)
     assert registered != checkpoint
     inode = (checkpoint / "model.safetensors").stat().st_ino
@@ -246,9 +242,9 @@ def test_without_hard_links_the_checkpoint_is_copied(registry: Registry, tmp_pat
         raise OSError(errno.EXDEV, "Invalid cross-device link", source)
 
     monkeypatch.setattr(os, "link", cross_device)
-    client = MlflowClient(registry.local)
+    client = MlflowClient(registry.url)
     checkpoint = make_checkpoint(tmp_path / "ckpt")
-    version = register_checkpoint(client, "copied", checkpoint)
+    version = register_checkpoint(client, "copied", checkpoint, experiment=registry.local)
     registered = checkpoint_path(version.source)
     assert client.get_run(version.run_id).data.tags["quantgate.placement"] == "copied"
     copy, original = registered / "model.safetensors", checkpoint / "model.safetensors"
@@ -258,9 +254,9 @@ def test_without_hard_links_the_checkpoint_is_copied(registry: Registry, tmp_pat
 
 def test_the_server_refuses_a_symlink_out_of_the_run(registry: Registry, tmp_path):
     """Why register_checkpoint hard-links: the server resolves symlinks before its check."""
-    client = MlflowClient(registry.local)
+    client = MlflowClient(registry.url)
     client.create_registered_model("symlinked")
-    run = client.create_run(client.create_experiment("symlinks"))
+    run = client.create_run(client.get_experiment_by_name(registry.local).experiment_id)
     artifacts = Path(run.info.artifact_uri)
     artifacts.mkdir(parents=True)
     (artifacts / "checkpoint").symlink_to(make_checkpoint(tmp_path / "ckpt"))
@@ -280,10 +276,10 @@ def test_a_sqlite_store_registers_and_polls_without_a_server(registry, tmp_path,
 
 
 def test_verdicts_and_hand_moves_switch_the_aliases(registry: Registry, tmp_path):
-    client = MlflowClient(registry.local)
+    client = MlflowClient(registry.url)
     model = "ab-switch"
     for _ in range(3):
-        register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"))
+        register_checkpoint(client, model, make_checkpoint(tmp_path / "ckpt"), experiment=registry.local)
 
     def aliases() -> dict[str, str]:
         return client.get_registered_model(model).aliases
