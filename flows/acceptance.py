@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -12,8 +16,10 @@ from evalsets.contracts import fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
+from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
 from flows.plan import Stage, plan
+from flows.service import host_limit
 from flows.settings import Settings
 from flows.spec import Spec, load_spec
 from flows.tracking import Tracker
@@ -25,7 +31,8 @@ from gates.report import write_report
 from gates.verdict import Verdict
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
-from infra.errors import EngineError, MeasurementError, SpecError
+from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
+from infra.vllm_engine import STARTED
 from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
 from load.results import LoadResult, PairedLoad
@@ -131,8 +138,12 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
     return reference
 
 
-def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings) -> StageRecord:
-    """Start the engine, measure, stop; a failed measurement is kept as the stage's error."""
+def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings,
+              reused: set[str]) -> StageRecord:
+    """Start the engine, measure, stop; a failed measurement is kept as the stage's error.
+
+    `reused`: stages restored from the cache in this run (their engines are not up to race).
+    """
     logger = get_run_logger()
     record = StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
@@ -151,6 +162,12 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                         facts.kv_cache_tokens)
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared)
             reference = timed_against(stage, prepared)
+            if reference is not None and reference.name in reused and \
+                    not prepared.policy.latency.required:
+                # Racing a cached reference would serve it again for an advisory rule only.
+                logger.info("stage %s: %s is from the cache; timed alone (latency is advisory)",
+                            stage.name, reference.name)
+                reference = None
             if reference is None:
                 record.load = measure_load(facts, prepared.profile, folder)
             else:
@@ -166,46 +183,136 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         record.error = str(err)
         logger.error("stage %s: %s", stage.name, err)
     except EngineError as err:
-        record.error = str(err)
-        if record.facts is None:  # never came up: nothing more to learn from later stages
+        if record.facts is None and (stage.parent is None or isinstance(err, PortInUseError)):
+            record.error = str(err)  # no baseline, or a busy port: nothing can be judged
             record.save(folder)
             raise
+        # The candidate's own fault: vLLM cannot serve it (or died under it). A verdict, not an
+        # error: rollback, with the reason.
+        record.error = f"not servable: {err}" if record.facts is None else str(err)
+        logger.error("stage %s: %s", stage.name, record.error)
     record.save(folder)
     return record
 
 
+def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
+    return StageRecord(
+        name=stage.name, kind=stage.kind, parent=stage.parent,
+        axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
+        changed=stage.changed, fingerprint=stage.fingerprint(),
+        error=f"not measured: its parent {parent.name} did not finish ({parent.error})"[:2000],
+    )
+
+
+@contextlib.contextmanager
+def host_slot() -> Iterator[None]:
+    """Hold this host's slot while engines run (a no-op where the limit was not created, as in
+    a one-shot `quantgate run` on Prefect's ephemeral server)."""
+    from prefect.concurrency.sync import concurrency
+
+    with concurrency(host_limit(), occupy=1, strict=False, lease_duration=600):
+        yield
+
+
+def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
+                   manifest: RunManifest, tracker: Tracker) -> list[StageRecord]:
+    """Each stage, from the cache when it was measured before, else served and measured."""
+    logger = get_run_logger()
+    spec = prepared.spec
+    cache = StageCache(settings.stage_cache_dir)
+    parts = stage_keys(prepared.stages, spec, prepared.profile.model_dump(mode="json"),
+                       prepared.policy.model_dump(mode="json"))
+    keys = {name: digest(p) for name, p in parts.items()}
+    records: dict[str, StageRecord] = {}
+    reused: set[str] = set()
+    for stage in prepared.stages:
+        folder = results_dir / stage.name
+        manifest.stages.append(stage.name)
+        manifest.save(results_dir)
+        parent = records.get(stage.parent) if stage.parent else None
+        if parent is not None and parent.error:
+            record = not_measured(stage, parent)
+            record.save(folder)
+        elif stage.kind != "control" and not no_cache and cache.restore(keys[stage.name], folder):
+            reused.add(stage.name)
+            manifest.reused[stage.name] = keys[stage.name]
+            logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
+                        keys[stage.name][:12])
+            record = StageRecord.read(folder)
+        else:
+            try:
+                record = measure_stage(stage, prepared, results_dir, settings, reused, manifest)
+            except BaseException:
+                if (folder / "stage.json").exists():  # what it got before it broke, in MLflow too
+                    tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
+                raise
+            record.cache_key = keys[stage.name]
+            record.save(folder)
+            if record.error is None and stage.kind != "control":
+                cache.store(keys[stage.name], parts[stage.name], folder)
+        tracker.log_stage(spec.candidate, record, folder, cached=stage.name in reused)
+        records[stage.name] = record
+    baseline = prepared.stages[0].name
+    if records[baseline].error is None:  # later stages may have scored more baseline items
+        cache.store(keys[baseline], parts[baseline], results_dir / baseline)
+    manifest.cache_keys = keys
+    manifest.save(results_dir)
+    return list(records.values())
+
+
+def measure_stage(stage: Stage, prepared: Prepared, results_dir: Path, settings: Settings,
+                  reused: set[str], manifest: RunManifest) -> StageRecord:
+    """Serve and measure one stage; the engines it started go into the manifest, also when
+    the stage raises (a baseline that cannot start)."""
+    before = len(STARTED)
+    folder = results_dir / stage.name
+    try:
+        record = run_stage(stage, prepared, folder, settings, reused)
+    finally:
+        manifest.engine_starts += [f"{served} ({log.relative_to(results_dir)})"
+                                   for served, log in STARTED[before:]
+                                   if log.is_relative_to(results_dir)]
+        manifest.save(results_dir)
+    record.measured_in = results_dir.name
+    record.measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return record
+
+
+_CHECKED: dict[str, Prepared] = {}
+
+
+def checked(spec_path: Path) -> Prepared:
+    """Check a spec before Prefect starts; the flow then reuses it instead of checking again."""
+    prepared = Prepared(spec_path)
+    _CHECKED[str(spec_path.resolve())] = prepared
+    return prepared
+
+
 @flow(name="acceptance", log_prints=True)
-def acceptance(
-    spec_path: str, settings: Settings | None = None, prepared: Prepared | None = None
-) -> Verdict:
+def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | None = None) -> Verdict:
     """Baseline, then each stage against its parent; returns the verdict (also on disk).
 
-    `prepared` is the spec already checked by the caller (the CLI checks before Prefect starts),
-    so the Great Expectations contracts and CPU checks do not run twice.
+    Parameters are plain values (a deployment queues them): the spec's path, whether to measure
+    every stage again, and the `model@version` of the registry candidate this run judges.
     """
-    settings = settings or Settings()
-    prepared = prepared or Prepared(Path(spec_path))
+    settings = Settings()
+    path = Path(spec_path)
+    prepared = _CHECKED.pop(str(path.resolve()), None) or Prepared(path)
     spec = prepared.spec
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}").resolve()
-    manifest = RunManifest(candidate=spec.candidate, stages=[], spec_path=str(spec_path))
+    results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}-{uuid.uuid4().hex[:6]}"
+                   ).resolve()
+    manifest = RunManifest(candidate=spec.candidate, stages=[], spec_path=str(spec_path),
+                           registry_version=registry_version)
     tracker = Tracker(settings.mlflow_tracking_uri, settings.mlflow_experiment)
     params = {"spec": str(spec_path), "results_dir": str(results_dir),
               "stages": " > ".join(s.name for s in prepared.stages),
               "evalsets": ",".join(e.name for e in spec.evalsets),
-              "load_profile": spec.load_profile, "gate_policy": spec.gate_policy}
-    with tracker.candidate_run(spec.candidate, params):
-        records = []
-        for stage in prepared.stages:
-            folder = results_dir / stage.name
-            manifest.stages.append(stage.name)
-            manifest.save(results_dir)
-            try:
-                record = run_stage(stage, prepared, folder, settings)
-            finally:
-                if (folder / "stage.json").exists():
-                    tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
-            records.append(record)
+              "load_profile": spec.load_profile, "gate_policy": spec.gate_policy,
+              "no_cache": str(no_cache), "registry_version": str(registry_version)}
+    with tracker.candidate_run(spec.candidate, params, flow_run_tags()):
+        with host_slot():
+            records = measure_stages(prepared, results_dir, settings, no_cache, manifest, tracker)
         save_run_policy(prepared.policy, results_dir)  # `quantgate gate` re-judges by this one
         # As stored: later stages may have grown the baseline's items (adaptive sample size).
         records = [StageRecord.read(results_dir / record.name) for record in records]
@@ -215,5 +322,27 @@ def acceptance(
         report = write_report(verdict, records, report_dir, signer=settings.signer)
         verdict.save(report_dir / "verdict.json")
         tracker.log_verdict(verdict, verdict_path, report_dir)
+        if registry_version:
+            record_registry_verdict(settings, registry_version, verdict, report["html"],
+                                    tracker.parent_run_id)
     print(f"verdict: {verdict.decision} -> {verdict_path}; report: {report['html']}")
     return verdict
+
+
+def flow_run_tags() -> dict[str, str]:
+    from prefect.runtime import flow_run
+
+    return {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
+
+
+def record_registry_verdict(settings: Settings, registry_version: str, verdict: Verdict,
+                            report: Path, run_id: str | None) -> None:
+    """The A/B switch: on go the version becomes `champion` (the old one `previous`)."""
+    import mlflow
+
+    from flows.registry import record_verdict
+
+    model, _, version = registry_version.rpartition("@")
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
+    record_verdict(client, model, version, verdict.decision, verdict.reasons, str(report),
+                   verdict.rollback_command, run_id)

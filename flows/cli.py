@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -73,14 +74,18 @@ def validate(spec: Path) -> None:
 
 
 @app.command()
-def run(spec: Path) -> None:
+def run(
+    spec: Path,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Measure every stage again instead of reusing stored stages.")] = False,
+) -> None:
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
-    from flows.acceptance import Prepared, acceptance
+    from flows.acceptance import acceptance, checked
 
     try:
-        prepared = Prepared(spec)  # fail fast, before Prefect and any engine start
-        verdict = acceptance(str(spec), prepared=prepared)
+        checked(spec)  # fail fast, before Prefect and any engine start
+        verdict = acceptance(str(spec), no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)
@@ -143,6 +148,118 @@ def compare(
     for name, row in table_data.iterrows():
         table.add_row(str(name), *("-" if v is None or v != v else str(v) for v in row))
     console.print(table)
+
+
+@app.command()
+def serve(
+    prefect_api_url: Annotated[str | None, typer.Option(
+        envvar="PREFECT_API_URL", help="A Prefect API to join; default: start a local server.")] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(
+        envvar="MLFLOW_TRACKING_URI", help="An MLflow server (http) to join, or the backend "
+        "store of the one to start (sqlite, postgresql); default: sqlite in the state folder.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Process workers on this host.")] = 1,
+    watch: Annotated[list[str] | None, typer.Option(
+        help="A registered model whose new versions are candidates (repeatable).")] = None,
+    poll_s: Annotated[float, typer.Option(help="Registry poll interval in seconds.")] = 10,
+    webhook_port: Annotated[int | None, typer.Option(
+        help="Also receive MLflow's model_version.created webhook on this port.")] = None,
+    webhook_secret: Annotated[str | None, typer.Option(
+        envvar="QG_WEBHOOK_SECRET", help="The webhook's HMAC secret.")] = None,
+) -> None:
+    """Run quantgate as a service until stopped: Prefect deployment, workers, registry intake."""
+    os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
+    from flows.service import run_service
+    from flows.settings import Settings
+
+    settings = Settings()
+    # Workers run elsewhere (the repo root): hand them absolute folders.
+    os.environ["QG_RESULTS_DIR"] = str(settings.results_dir.resolve())
+    os.environ["QG_REPORTS_DIR"] = str(settings.reports_dir.resolve())
+    os.environ["QG_CACHE_DIR"] = str(settings.stage_cache_dir)
+    try:
+        run_service(settings.state_dir, prefect_api_url, mlflow_uri, workers, watch or [], poll_s,
+                    webhook_port, webhook_secret,
+                    lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+    except QuantgateError as err:
+        fail(str(err))
+
+
+@app.command()
+def submit(
+    spec: Path,
+    key: Annotated[str | None, typer.Option(
+        help="Idempotency key: the same key is the same run (a crashed one resumes).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure every stage again.")] = False,
+) -> None:
+    """Queue an acceptance on the running service; prints the flow run id."""
+    from flows.acceptance import Prepared
+    from flows.service import submit as queue_run
+    from flows.service import use_service
+    from flows.settings import Settings
+
+    try:
+        Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
+        use_service(Settings().state_dir)
+        run_id, what = queue_run(spec, key=key, no_cache=no_cache)
+    except QuantgateError as err:
+        fail(str(err))
+    console.print(f"{run_id} {what}", highlight=False)
+
+
+@app.command()
+def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 50) -> None:
+    """Queued, running and finished acceptances on the service, with their verdicts."""
+    from flows.service import status as list_runs
+    from flows.service import use_service
+    from flows.settings import Settings
+
+    settings = Settings()
+    try:
+        address = use_service(settings.state_dir)
+        rows = list_runs(address["mlflow_tracking_uri"], settings.mlflow_experiment, limit)
+    except QuantgateError as err:
+        fail(str(err))
+    table = Table(title="acceptances")
+    for column in ("id", "name", "state", "candidate", "registry", "verdict", "spec"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(row[c]) for c in ("id", "name", "state", "candidate", "registry",
+                                                  "verdict", "spec")))
+    console.print(table)
+
+
+def _registry_client():
+    """The running service's registry, else the one the settings name."""
+    import mlflow
+
+    from flows.service import ServiceError, use_service
+    from flows.settings import Settings
+
+    with contextlib.suppress(ServiceError):
+        use_service(Settings().state_dir)
+    return mlflow.MlflowClient(Settings().mlflow_tracking_uri)
+
+
+@app.command()
+def promote(model: str, version: str) -> None:
+    """Make a model version the `champion` by hand (the old champion becomes `previous`)."""
+    from flows.registry import promote as move
+
+    try:
+        console.print(escape(move(_registry_client(), model, version)), highlight=False)
+    except QuantgateError as err:
+        fail(str(err))
+
+
+@app.command()
+def rollback(model: str) -> None:
+    """Give `champion` back to the `previous` version: the A/B switch in one move."""
+    from flows.registry import rollback as move_back
+
+    try:
+        console.print(escape(move_back(_registry_client(), model)), highlight=False)
+    except QuantgateError as err:
+        fail(str(err))
 
 
 @app.command("load-ui")

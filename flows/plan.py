@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from flows.axes import Axes, derive_axes
 from flows.spec import EngineFlags, Spec
 from infra.checkpoint import read_config
+from infra.digest import checkpoint_digest
 from infra.errors import SpecError
 
 
@@ -28,10 +29,11 @@ class Stage(BaseModel):
     changed: list[str] = Field(default_factory=list, description="Axes changed vs the parent.")
 
     def fingerprint(self) -> str:
-        """Identifies what is served (checkpoint config + flags), for caching and sign-off."""
-        config = (self.checkpoint / "config.json").read_bytes()
+        """Identifies what is served, for the sign-off: the weights and config by content (not
+        by path) and the engine flags."""
         flags = json.dumps(self.engine_flags.model_dump(), sort_keys=True).encode()
-        return hashlib.sha256(config + flags + str(self.checkpoint).encode()).hexdigest()[:16]
+        weights = checkpoint_digest(self.checkpoint).encode()
+        return hashlib.sha256(weights + flags).hexdigest()[:16]
 
 
 def _merge(parent: EngineFlags, override: EngineFlags | None) -> EngineFlags:

@@ -27,3 +27,13 @@ class Settings(BaseSettings):
     reports_dir: Path = Field(default=Path("reports"), description="Where sign-off reports go.")
     signer: str | None = Field(default=None, description="Name put in the report's sign-off block.")
     num_concurrent: int = Field(default=4, ge=1, description="Parallel eval requests (lm-eval).")
+    cache_dir: Path | None = Field(
+        default=None, description="The stage cache; default: `cache` under the results folder."
+    )
+    state_dir: Path = Field(
+        default=Path(".quantgate"), description="The service's servers, logs and address file."
+    )
+
+    @property
+    def stage_cache_dir(self) -> Path:
+        return (self.cache_dir or self.results_dir / "cache").resolve()

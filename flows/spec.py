@@ -31,7 +31,8 @@ class VllmEngineSpec(Strict):
     kind: Literal["vllm"] = "vllm"
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Which vLLM build serves.")
     host: str = Field(default="127.0.0.1", description="Address the server binds.")
-    port: int = Field(default=8100, ge=1, le=65535, description="Port the server binds.")
+    port: int | None = Field(default=None, ge=1, le=65535,
+                             description="Port the server binds; default: a free one per engine.")
     startup_timeout_s: float = Field(default=900, gt=0, description="Deadline for /health.")
     kv_cache_space_gib: float = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE (CPU).")
     omp_threads_bind: str | None = Field(

@@ -75,8 +75,9 @@ class Tracker:
         self.parent_run_id: str | None = None
 
     @contextlib.contextmanager
-    def candidate_run(self, candidate: str, params: dict[str, str]) -> Iterator[str]:
-        run = self.mlflow.start_run(run_name=candidate, tags={"candidate": candidate})
+    def candidate_run(self, candidate: str, params: dict[str, str],
+                      tags: dict[str, str] | None = None) -> Iterator[str]:
+        run = self.mlflow.start_run(run_name=candidate, tags={"candidate": candidate} | (tags or {}))
         self.parent_run_id = run.info.run_id
         try:
             self.mlflow.log_params(params)
@@ -87,8 +88,9 @@ class Tracker:
             raise
         self.mlflow.end_run(status="FINISHED")
 
-    def log_stage(self, candidate: str, record: StageRecord, folder: Path) -> None:
-        tags = {"candidate": candidate, "stage": record.name, "stage_kind": record.kind}
+    def log_stage(self, candidate: str, record: StageRecord, folder: Path, cached: bool = False) -> None:
+        tags = {"candidate": candidate, "stage": record.name, "stage_kind": record.kind,
+                "cached": str(cached).lower()}
         with self.mlflow.start_run(run_name=f"{candidate}/{record.name}", nested=True, tags=tags):
             self.mlflow.log_params(stage_params(record))
             self.mlflow.log_metrics(stage_metrics(record))

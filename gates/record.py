@@ -27,6 +27,11 @@ class StageRecord(BaseModel):
         description="Timed stages: interleaved rounds against the reference (the latency gate).",
     )
     error: str | None = Field(default=None, description="Why the stage could not finish.")
+    measured_in: str | None = Field(
+        default=None, description="The run folder that measured it (else than this run's: the "
+        "stage came from the stage cache).")
+    measured_at: str | None = Field(default=None, description="When it finished (UTC, ISO 8601).")
+    cache_key: str | None = None
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -43,6 +48,12 @@ class RunManifest(BaseModel):
     candidate: str
     stages: list[str]
     spec_path: str | None = None
+    registry_version: str | None = Field(default=None, description="model@version judged.")
+    reused: dict[str, str] = Field(
+        default_factory=dict, description="Stages taken from the stage cache, with their keys.")
+    engine_starts: list[str] = Field(
+        default_factory=list, description="Logs of the engines this run started, in order.")
+    cache_keys: dict[str, str] = Field(default_factory=dict, description="Each stage's cache key.")
 
     def save(self, results_dir: Path) -> None:
         results_dir.mkdir(parents=True, exist_ok=True)

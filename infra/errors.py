@@ -21,6 +21,10 @@ class EngineError(QuantgateError):
     """An engine could not start, died, or answered nonsense."""
 
 
+class PortInUseError(EngineError):
+    """The engine's port is taken: the environment's fault, not the candidate's."""
+
+
 class MeasurementError(QuantgateError):
     """A measurement (quality, load) could not be completed."""
 

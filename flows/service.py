@@ -1,0 +1,334 @@
+"""quantgate as a service: the `acceptance` flow as a Prefect deployment on a work pool.
+
+`quantgate serve` starts (or joins) a Prefect server and an MLflow server, deploys the flow to
+the work pool `quantgate`, creates this host's concurrency limit (one acceptance at a time per
+engine host, however many workers run on it), starts process workers and the registry intake,
+and runs until stopped. `submit` queues a run; `status` lists runs with their verdicts. Where
+the servers are is kept in `<state_dir>/service.json`, so the other commands find them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.errors import QuantgateError
+
+REPO = Path(__file__).resolve().parents[1]
+POOL = "quantgate"
+DEPLOYMENT = "quantgate"
+FLOW = "acceptance"
+ADDRESS_FILE = "service.json"
+# A run in one of these states is finished without a verdict: submitting it again resumes it.
+RESUMABLE = ("CRASHED", "FAILED", "CANCELLED")
+
+
+class ServiceError(QuantgateError):
+    """The service is not running, or Prefect refused a request."""
+
+
+def host_limit() -> str:
+    """The Prefect global concurrency limit that lets one acceptance at a time use this host."""
+    return f"quantgate-host-{socket.gethostname()}"
+
+
+def write_address(state_dir: Path, prefect_api_url: str, mlflow_uri: str) -> Path:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / ADDRESS_FILE
+    path.write_text(json.dumps({"prefect_api_url": prefect_api_url, "mlflow_tracking_uri":
+                                mlflow_uri, "pid": os.getpid()}, indent=1))
+    return path
+
+
+def use_service(state_dir: Path) -> dict[str, str]:
+    """Point this process at the running service's Prefect and MLflow servers."""
+    path = state_dir / ADDRESS_FILE
+    if "PREFECT_API_URL" in os.environ and "MLFLOW_TRACKING_URI" in os.environ:
+        return {"prefect_api_url": os.environ["PREFECT_API_URL"],
+                "mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}
+    if not path.is_file():
+        raise ServiceError(f"no service found ({path} does not exist): start `quantgate serve`, "
+                           "or set PREFECT_API_URL and MLFLOW_TRACKING_URI")
+    address = json.loads(path.read_text())
+    os.environ.setdefault("PREFECT_API_URL", address["prefect_api_url"])
+    os.environ.setdefault("MLFLOW_TRACKING_URI", address["mlflow_tracking_uri"])
+    return address
+
+
+async def _prepare_server() -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    async with get_client() as client:
+        try:
+            await client.read_work_pool(POOL)
+        except ObjectNotFound:
+            try:
+                await client.create_work_pool(WorkPoolCreate(name=POOL, type="process"))
+            except ObjectAlreadyExists:
+                pass
+        try:
+            await client.read_global_concurrency_limit_by_name(host_limit())
+        except ObjectNotFound:
+            try:
+                await client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=host_limit(), limit=1))
+            except ObjectAlreadyExists:
+                pass
+
+
+def deploy() -> str:
+    """The work pool, this host's limit, and the deployment `acceptance/quantgate`."""
+    from prefect import flow
+
+    asyncio.run(_prepare_server())
+    remote = flow.from_source(source=str(REPO), entrypoint="flows/acceptance.py:acceptance")
+    deployment_id = remote.deploy(name=DEPLOYMENT, work_pool_name=POOL, build=False, push=False,
+                                  print_next_steps=False, ignore_warnings=True)
+    return str(deployment_id)
+
+
+def start_worker(state_dir: Path, name: str) -> subprocess.Popen:
+    """A Prefect process worker on the pool, one flow run at a time."""
+    prefect = Path(sys.executable).with_name("prefect")
+    log = (state_dir / f"{name}.log").open("a")
+    return subprocess.Popen(
+        [str(prefect), "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1",
+         "--name", name],
+        stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": str(REPO)},
+        cwd=REPO, start_new_session=True)
+
+
+def stop_process_tree(process: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM the flow runs under a worker first (so each stops its engines and is marked
+    crashed), then the worker; SIGKILL whatever is left after the grace period."""
+    import psutil
+
+    if process.poll() is not None:
+        return
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    for child in children:
+        with _gone():
+            child.terminate()
+    psutil.wait_procs(children, timeout=grace_s)
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    for child in children:
+        with _gone():
+            child.kill()
+
+
+class _gone:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        import psutil
+
+        return kind is not None and issubclass(kind, psutil.NoSuchProcess)
+
+
+def submit(spec_path: Path, key: str | None = None, no_cache: bool = False,
+           registry_version: str | None = None) -> tuple[str, str]:
+    """Queue an acceptance; (flow run id, what happened). The same key is the same run: a run
+    with that key still queued or done is returned as is, a crashed one is queued again (its
+    finished stages come back from the stage cache)."""
+    from prefect.deployments import run_deployment
+
+    parameters = {"spec_path": str(spec_path.resolve()), "no_cache": no_cache,
+                  "registry_version": registry_version}
+    run = run_deployment(f"{FLOW}/{DEPLOYMENT}", parameters=parameters, timeout=0,
+                         idempotency_key=key, as_subflow=False)
+    state = run.state.type.value if run.state else "SCHEDULED"
+    if state in RESUMABLE:
+        asyncio.run(_reschedule(run.id))
+        return str(run.id), f"resumed (was {state.lower()})"
+    if key is not None and run.parameters != parameters:
+        return str(run.id), f"already submitted as {key} ({state.lower()})"
+    return str(run.id), state.lower()
+
+
+async def _reschedule(flow_run_id) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    async with get_client() as client:
+        await client.set_flow_run_state(flow_run_id, Scheduled(), force=True)
+
+
+async def _runs(limit: int):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async with get_client() as client:
+        return await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[DEPLOYMENT])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
+
+
+def status(tracking_uri: str, experiment: str, limit: int = 50) -> list[dict[str, str]]:
+    """Queued, running and finished acceptances, newest first, with their MLflow verdicts."""
+    import mlflow
+
+    runs = asyncio.run(_runs(limit))
+    verdicts: dict[str, dict[str, str]] = {}
+    client = mlflow.MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is not None and runs:
+        ids = ", ".join(f"'{run.id}'" for run in runs)
+        for logged in client.search_runs([found.experiment_id],
+                                         f"tags.`prefect.flow_run_id` IN ({ids})"):
+            verdicts[logged.data.tags["prefect.flow_run_id"]] = logged.data.tags
+    rows = []
+    for run in runs:
+        tags = verdicts.get(str(run.id), {})
+        rows.append({
+            "id": str(run.id), "name": run.name, "state": run.state.name if run.state else "-",
+            "candidate": tags.get("candidate", "-"),
+            "registry": str(run.parameters.get("registry_version") or "-"),
+            "verdict": tags.get("verdict", "-"),
+            "spec": Path(str(run.parameters.get("spec_path", "-"))).name,
+        })
+    return rows
+
+
+async def _crash_leftovers(worker_names: list[str]) -> int:
+    """Runs still RUNNING on our workers once they are gone cannot finish: mark them crashed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    async with get_client() as client:
+        running = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        count = 0
+        for run in running:
+            if run.deployment_id is not None and run.work_pool_name == POOL:
+                await client.set_flow_run_state(
+                    run.id, Crashed(message="quantgate serve stopped while this run was running; "
+                                    "submit it again to resume"), force=True)
+                count += 1
+        return count
+
+
+def crash_leftovers(worker_names: list[str]) -> int:
+    return asyncio.run(_crash_leftovers(worker_names))
+
+
+def wait_for(run_id: str, timeout_s: float) -> str:
+    """Poll a flow run until it is final; its state name."""
+    from prefect.client.orchestration import get_client
+
+    async def state() -> tuple[str, bool]:
+        async with get_client() as client:
+            run = await client.read_flow_run(run_id)
+            return run.state.name, run.state.is_final()
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        name, final = asyncio.run(state())
+        if final or time.monotonic() > deadline:
+            return name
+        time.sleep(2)
+
+
+def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> list[str]:
+    """Queue one acceptance per new model version of the watched registered models; the
+    registry is the source of truth, `model@version` the key (a version is never run twice)."""
+    from flows.acceptance import Prepared
+    from flows.registry import mark, materialize, poll
+
+    queued = []
+    for candidate in poll(client, watched, seen):
+        seen.add(candidate.key)
+        try:
+            spec = materialize(candidate, specs_dir)
+            Prepared(spec)  # a spec that cannot run is an error on the version, not a queued run
+            run_id, what = submit(spec, key=candidate.key, registry_version=candidate.key)
+        except QuantgateError as err:
+            mark(client, candidate, "error", error=str(err)[:4000])
+            log(f"{candidate.key}: not queued: {err}")
+            continue
+        mark(client, candidate, "queued", flow_run_id=run_id)
+        log(f"{candidate.key}: queued as flow run {run_id} ({what})")
+        queued.append(run_id)
+    return queued
+
+
+def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | None,
+                workers: int, watch: list[str], poll_s: float, webhook_port: int | None,
+                webhook_secret: str | None, log) -> None:
+    """Serve until SIGTERM / Ctrl-C (raised as SystemExit / KeyboardInterrupt by the caller)."""
+    import contextlib
+    import queue
+    import threading
+
+    import mlflow
+
+    from infra.servers import MlflowServer, PrefectServer
+
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if prefect_api_url is None:
+            prefect_api_url = stack.enter_context(PrefectServer(state_dir / "prefect")).api_url
+        os.environ["PREFECT_API_URL"] = prefect_api_url
+        if mlflow_uri is None or not mlflow_uri.startswith(("http://", "https://")):
+            backend = mlflow_uri or f"sqlite:///{state_dir / 'mlflow.db'}"
+            mlflow_uri = stack.enter_context(
+                MlflowServer(backend, state_dir / "mlartifacts")).tracking_uri
+        os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+        log(f"prefect: {prefect_api_url}  mlflow: {mlflow_uri}")
+        deploy()
+        address = write_address(state_dir, prefect_api_url, mlflow_uri)
+        stack.callback(address.unlink, missing_ok=True)
+        names = [f"{socket.gethostname()}-{os.getpid()}-{n}" for n in range(workers)]
+        processes = [start_worker(state_dir, name) for name in names]
+
+        def stop_workers() -> None:
+            for process in processes:
+                stop_process_tree(process)
+            crashed = crash_leftovers(names)
+            if crashed:
+                log(f"{crashed} running acceptance(s) marked crashed; submit again to resume")
+
+        stack.callback(stop_workers)
+        log(f"deployment {FLOW}/{DEPLOYMENT} on pool {POOL}: {workers} worker(s), host limit "
+            f"{host_limit()} = 1")
+        client = mlflow.MlflowClient(mlflow_uri)
+        wakeups: queue.Queue[str] = queue.Queue()
+        if webhook_port is not None:
+            from flows.webhook import make_app, serve_webhook
+
+            if not webhook_secret:
+                raise ServiceError("a webhook needs a secret: set QG_WEBHOOK_SECRET")
+            app = make_app(webhook_secret, lambda model, version: wakeups.put(model))
+            receiver = serve_webhook(app, "127.0.0.1", webhook_port)
+            stack.callback(receiver.stop)
+            log(f"webhook receiver: http://127.0.0.1:{webhook_port}/webhook")
+        seen: set[str] = set()
+        stop = threading.Event()
+        while not stop.is_set():
+            dead = [n for n, p in zip(names, processes, strict=True) if p.poll() is not None]
+            if dead:
+                raise ServiceError(f"worker {dead[0]} exited (log {state_dir / dead[0]}.log)")
+            if watch:
+                intake(client, watch, seen, state_dir / "specs", log)
+            with contextlib.suppress(queue.Empty):
+                model = wakeups.get(timeout=poll_s)
+                log(f"webhook: new version of {model}")

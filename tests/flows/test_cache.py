@@ -1,0 +1,118 @@
+"""The stage cache: keys change with what determines a stage's results, and only with that."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from flows.cache import StageCache, digest, stage_keys
+from flows.plan import plan
+from flows.spec import Spec
+from infra.digest import checkpoint_digest, file_digest
+from tests.flows.checkpoints import W8A16, make_checkpoint
+
+PROFILE = {"requests": 12, "output_tokens": 32}
+POLICY = {"tolerances": {"8bit": {"accuracy_margin": 0.08}}}
+
+
+@pytest.fixture(autouse=True)
+def digest_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+def spec(tmp_path: Path, limit: int = 40, w8: str = "w8") -> Spec:
+    base = tmp_path / "bf16"
+    candidate = tmp_path / w8
+    if not base.exists():
+        make_checkpoint(base)
+    if not candidate.exists():
+        make_checkpoint(candidate, W8A16)
+    return Spec.model_validate({
+        "candidate": "c", "baseline": {"checkpoint": str(base)},
+        "stages": [{"name": "w8", "kind": "weights", "checkpoint": str(candidate)},
+                   {"name": "control", "kind": "control", "parent": "baseline"}],
+        "evalsets": [{"name": "math", "limit": limit}],
+    })
+
+
+def keys(spec: Spec, profile=PROFILE, policy=POLICY) -> dict[str, str]:
+    return {name: digest(parts) for name, parts in stage_keys(plan(spec), spec, profile,
+                                                              policy).items()}
+
+
+def test_same_inputs_same_keys_and_stages_differ(tmp_path):
+    first, second = keys(spec(tmp_path)), keys(spec(tmp_path))
+    assert first == second
+    assert len(set(first.values())) == 3
+
+
+def test_a_weights_change_moves_the_stage_and_not_the_baseline(tmp_path):
+    before = keys(spec(tmp_path))
+    weights = tmp_path / "w8" / "model.safetensors"
+    weights.write_bytes(b"\1" * 1024)
+    os.utime(weights, ns=(1, 1))  # a new mtime: the digest is read again
+    after = keys(spec(tmp_path))
+    assert after["baseline"] == before["baseline"] and after["w8"] != before["w8"]
+
+
+def test_where_the_checkpoint_lies_does_not_matter_what_it_holds_does(tmp_path):
+    here = keys(spec(tmp_path, w8="w8"))
+    moved = keys(spec(tmp_path, w8="elsewhere"))
+    assert here == moved
+
+
+@pytest.mark.parametrize("change", ["limit", "profile", "policy"])
+def test_eval_sets_and_profile_move_every_key_policy_only_later_stages(tmp_path, change):
+    before = keys(spec(tmp_path))
+    after = {
+        "limit": lambda: keys(spec(tmp_path, limit=41)),
+        "profile": lambda: keys(spec(tmp_path), profile=PROFILE | {"requests": 13}),
+        "policy": lambda: keys(spec(tmp_path), policy={"tolerances": {}}),
+    }[change]()
+    assert after["w8"] != before["w8"]
+    assert (after["baseline"] == before["baseline"]) == (change == "policy")
+
+
+def test_a_stage_key_holds_its_parent_key(tmp_path):
+    the_spec = spec(tmp_path)
+    parts = stage_keys(plan(the_spec), the_spec, PROFILE, POLICY)
+    assert parts["w8"]["parent"] == digest(parts["baseline"]) == parts["w8"]["baseline"]
+    assert "port" not in json.dumps(parts["w8"]["engine"]["command"]).replace("--port\", \"0", "")
+
+
+def test_file_digest_is_remembered_by_size_and_mtime(tmp_path):
+    path, store = tmp_path / "w.safetensors", tmp_path / "store.json"
+    path.write_bytes(b"abc")
+    first = file_digest(path, store)
+    assert json.loads(store.read_text()) and first == file_digest(path, store)
+    path.write_bytes(b"abd")
+    os.utime(path, ns=(5, 5))
+    assert file_digest(path, store) != first
+
+
+def test_checkpoint_digest_ignores_unrelated_files(tmp_path):
+    folder = make_checkpoint(tmp_path / "ckpt")
+    before = checkpoint_digest(folder)
+    (folder / "README.md").write_text("notes")
+    assert checkpoint_digest(folder) == before
+
+
+def test_store_and_restore_round_trip_and_replace(tmp_path):
+    cache = StageCache(tmp_path / "cache")
+    stage = tmp_path / "run" / "baseline"
+    stage.mkdir(parents=True)
+    (stage / "stage.json").write_text("{}")
+    (stage / "quality").mkdir()
+    (stage / "quality" / "items.json").write_text("[1]")
+    assert cache.lookup("k") is None and not cache.restore("k", tmp_path / "x")
+    cache.store("k", {"a": 1}, stage)
+    (stage / "quality" / "items.json").write_text("[1, 2]")
+    cache.store("k", {"a": 1}, stage)  # a grown baseline replaces its older copy
+    target = tmp_path / "other-run" / "baseline"
+    assert cache.restore("k", target)
+    assert (target / "quality" / "items.json").read_text() == "[1, 2]"
+    assert json.loads((target / "cache-key.json").read_text()) == {"a": 1}
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["k"]  # no scratch left behind
