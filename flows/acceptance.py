@@ -274,7 +274,7 @@ def measure_stage(stage: Stage, prepared: Prepared, results_dir: Path, settings:
                                    if log.is_relative_to(results_dir)]
         manifest.save(results_dir)
     record.measured_in = results_dir.name
-    record.measured_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    record.measured_at = utc_now()
     return record
 
 
@@ -311,8 +311,13 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
               "load_profile": spec.load_profile, "gate_policy": spec.gate_policy,
               "no_cache": str(no_cache), "registry_version": str(registry_version)}
     with tracker.candidate_run(spec.candidate, params, flow_run_tags()):
+        if registry_version:
+            tag_registry_version(settings, registry_version, "running", results_dir.name)
         with host_slot():
+            manifest.host_slot = [utc_now()]
             records = measure_stages(prepared, results_dir, settings, no_cache, manifest, tracker)
+            manifest.host_slot.append(utc_now())
+            manifest.save(results_dir)
         save_run_policy(prepared.policy, results_dir)  # `quantgate gate` re-judges by this one
         # As stored: later stages may have grown the baseline's items (adaptive sample size).
         records = [StageRecord.read(results_dir / record.name) for record in records]
@@ -327,6 +332,20 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
                                     tracker.parent_run_id)
     print(f"verdict: {verdict.decision} -> {verdict_path}; report: {report['html']}")
     return verdict
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def tag_registry_version(settings: Settings, registry_version: str, status: str,
+                         run: str) -> None:
+    import mlflow
+
+    model, _, version = registry_version.rpartition("@")
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
+    client.set_model_version_tag(model, version, "quantgate.status", status)
+    client.set_model_version_tag(model, version, "quantgate.results", run)
 
 
 def flow_run_tags() -> dict[str, str]:

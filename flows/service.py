@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from infra.errors import QuantgateError
+from infra.servers import ServiceError
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = "quantgate"
@@ -27,10 +28,6 @@ FLOW = "acceptance"
 ADDRESS_FILE = "service.json"
 # A run in one of these states is finished without a verdict: submitting it again resumes it.
 RESUMABLE = ("CRASHED", "FAILED", "CANCELLED")
-
-
-class ServiceError(QuantgateError):
-    """The service is not running, or Prefect refused a request."""
 
 
 def host_limit() -> str:
@@ -217,8 +214,11 @@ async def _crash_leftovers(worker_names: list[str]) -> int:
         running = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
         count = 0
+        host = socket.gethostname()
         for run in running:
-            if run.deployment_id is not None and run.work_pool_name == POOL:
+            # Only this host's: a process worker records its runs as "<hostname>:<pid>".
+            if run.work_pool_name == POOL and str(run.infrastructure_pid or "").startswith(
+                    f"{host}:"):
                 await client.set_flow_run_state(
                     run.id, Crashed(message="quantgate serve stopped while this run was running; "
                                     "submit it again to resume"), force=True)
@@ -270,6 +270,21 @@ def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> 
     return queued
 
 
+def webhook_env(state_dir: Path) -> None:
+    """What an MLflow server started here needs to deliver webhooks to a receiver on this box:
+    plain http to a private address, and one secret-encryption key that survives restarts
+    (without it MLflow draws a new key per process and cannot read the stored secrets back)."""
+    from cryptography.fernet import Fernet
+
+    key_file = state_dir / "webhook-encryption.key"
+    if not key_file.exists():
+        key_file.write_bytes(Fernet.generate_key())
+        key_file.chmod(0o600)
+    os.environ.setdefault("MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY", key_file.read_text().strip())
+    os.environ.setdefault("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "http,https")
+    os.environ.setdefault("MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS", "true")
+
+
 def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | None,
                 workers: int, watch: list[str], poll_s: float, webhook_port: int | None,
                 webhook_secret: str | None, log) -> None:
@@ -284,6 +299,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
 
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    webhook_env(state_dir)
     with contextlib.ExitStack() as stack:
         if prefect_api_url is None:
             prefect_api_url = stack.enter_context(PrefectServer(state_dir / "prefect")).api_url
@@ -317,7 +333,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
 
             if not webhook_secret:
                 raise ServiceError("a webhook needs a secret: set QG_WEBHOOK_SECRET")
-            app = make_app(webhook_secret, lambda model, version: wakeups.put(model))
+            app = make_app(webhook_secret, lambda model, version: wakeups.put(f"{model}@{version}"))
             receiver = serve_webhook(app, "127.0.0.1", webhook_port)
             stack.callback(receiver.stop)
             log(f"webhook receiver: http://127.0.0.1:{webhook_port}/webhook")
@@ -330,5 +346,5 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
             if watch:
                 intake(client, watch, seen, state_dir / "specs", log)
             with contextlib.suppress(queue.Empty):
-                model = wakeups.get(timeout=poll_s)
-                log(f"webhook: new version of {model}")
+                key = wakeups.get(timeout=poll_s)
+                log(f"webhook: {key} created; polling the registry now")

@@ -54,6 +54,8 @@ class RunManifest(BaseModel):
     engine_starts: list[str] = Field(
         default_factory=list, description="Logs of the engines this run started, in order.")
     cache_keys: dict[str, str] = Field(default_factory=dict, description="Each stage's cache key.")
+    host_slot: list[str] = Field(
+        default_factory=list, description="When the run held its engine host (UTC, from, to).")
 
     def save(self, results_dir: Path) -> None:
         results_dir.mkdir(parents=True, exist_ok=True)

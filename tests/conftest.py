@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fake_openai import FakeOpenAI
+
+
+def pytest_configure(config) -> None:
+    """One stage cache per test session: the end-to-end modules share what they measured (the
+    baseline is served once for all of them), as a team's runs share it on one host."""
+    os.environ.setdefault("QG_CACHE_DIR", tempfile.mkdtemp(prefix="qg-stage-cache-"))
 
 
 @pytest.fixture
