@@ -181,7 +181,9 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                         facts, reference_facts, reference, prepared.profile, folder)
     except MeasurementError as err:
         record.error = str(err)
-        logger.error("stage %s: %s", stage.name, err)
+        if record.facts is not None and getattr(engine, "alive", lambda: True)() is False:
+            record.error = f"the engine died during the stage (log {folder / 'engine.log'}): {err}"
+        logger.error("stage %s: %s", stage.name, record.error)
     except EngineError as err:
         if record.facts is None and (stage.parent is None or isinstance(err, PortInUseError)):
             record.error = str(err)  # no baseline, or a busy port: nothing can be judged

@@ -241,6 +241,30 @@ def _registry_client():
 
 
 @app.command()
+def register(
+    model: str,
+    checkpoint: Path,
+    spec: Annotated[Path | None, typer.Option(
+        help="The spec template this version is judged by (its last stage takes the "
+        "checkpoint); default: the registered model's `quantgate.spec` tag.")] = None,
+    stage: Annotated[str | None, typer.Option(help="The template stage the checkpoint fills.")] = None,
+) -> None:
+    """Register a checkpoint as a new version of MODEL: the watching service queues it."""
+    from flows.registry import register_checkpoint
+
+    tags = {}
+    if spec is not None:
+        tags["quantgate.spec"] = str(spec.resolve())
+    if stage is not None:
+        tags["quantgate.stage"] = stage
+    try:
+        version = register_checkpoint(_registry_client(), model, checkpoint, tags=tags or None)
+    except QuantgateError as err:
+        fail(str(err))
+    console.print(f"{model} version {version.version}: {escape(version.source)}", highlight=False)
+
+
+@app.command()
 def promote(model: str, version: str) -> None:
     """Make a model version the `champion` by hand (the old champion becomes `previous`)."""
     from flows.registry import promote as move

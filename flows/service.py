@@ -270,6 +270,15 @@ def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> 
     return queued
 
 
+def local_checkpoints(client, folder: Path) -> None:
+    """Checkpoints registered through a server on this host go into a local folder, where they
+    are hard-linked (a proxied artifact store would take a copy of every checkpoint)."""
+    from flows.registry import CHECKPOINT_EXPERIMENT
+
+    if client.get_experiment_by_name(CHECKPOINT_EXPERIMENT) is None:
+        client.create_experiment(CHECKPOINT_EXPERIMENT, artifact_location=folder.as_uri())
+
+
 def webhook_env(state_dir: Path) -> None:
     """What an MLflow server started here needs to deliver webhooks to a receiver on this box:
     plain http to a private address, and one secret-encryption key that survives restarts
@@ -304,11 +313,14 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
         if prefect_api_url is None:
             prefect_api_url = stack.enter_context(PrefectServer(state_dir / "prefect")).api_url
         os.environ["PREFECT_API_URL"] = prefect_api_url
-        if mlflow_uri is None or not mlflow_uri.startswith(("http://", "https://")):
+        local_mlflow = mlflow_uri is None or not mlflow_uri.startswith(("http://", "https://"))
+        if local_mlflow:
             backend = mlflow_uri or f"sqlite:///{state_dir / 'mlflow.db'}"
             mlflow_uri = stack.enter_context(
                 MlflowServer(backend, state_dir / "mlartifacts")).tracking_uri
         os.environ["MLFLOW_TRACKING_URI"] = mlflow_uri
+        if local_mlflow:
+            local_checkpoints(mlflow.MlflowClient(mlflow_uri), state_dir / "checkpoints")
         log(f"prefect: {prefect_api_url}  mlflow: {mlflow_uri}")
         deploy()
         address = write_address(state_dir, prefect_api_url, mlflow_uri)

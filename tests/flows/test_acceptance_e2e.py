@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +205,66 @@ def test_engine_that_dies_at_start_up_shows_its_log(tmp_path):
     assert "engine exited with code" in result.stderr and "no-such-flag" in result.stderr
     stage = json.loads(next((tmp_path / "runs").glob("e2e-*/baseline/stage.json")).read_text())
     assert "engine exited" in stage["error"]
+
+
+def run_record(folder: Path) -> tuple[dict, dict, dict]:
+    results = next((folder / "runs").glob("e2e-*"))
+    manifest = json.loads((results / "manifest.json").read_text())
+    verdict = json.loads((results / "verdict.json").read_text())
+    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    return manifest, verdict, records
+
+
+def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree):
+    broken = tmp_path / "broken"
+    shutil.copytree(MODELS / "smollm2-135m-w8a16-dequant", broken,
+                    ignore=shutil.ignore_patterns("*.safetensors"))
+    (broken / "model.safetensors").write_bytes(b"\0" * 4096)
+    spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights", "checkpoint": str(broken)}],
+                      free_port())
+    result = quantgate("run", str(spec), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    manifest, verdict, records = run_record(tmp_path)
+    assert verdict["decision"] == "rollback"
+    assert any(r.startswith("w8: stage: stage did not finish: not servable: engine exited")
+               for r in verdict["reasons"]), verdict["reasons"]
+    assert records["baseline"]["error"] is None
+    # The baseline the tree measured, through the session's stage cache: no baseline engine.
+    assert "baseline" in manifest["reused"]
+    assert [s.split()[0] for s in manifest["engine_starts"]] == ["w8"]
+
+
+def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path, tree):
+    from flows.cache import StageCache
+
+    # Its own engine flag, so that the stage is served here, not taken from the tree's cache.
+    w4 = {"name": "w4", "kind": "weights",
+          "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64-dequant"),
+          "engine_flags": {"extra_args": ["--max-num-seqs", "31"]}}
+    spec = write_spec(tmp_path, [w4], free_port())
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                        "QG_RESULTS_DIR": str(tmp_path / "runs"),
+                        "QG_REPORTS_DIR": str(tmp_path / "reports"), "PYTHONPATH": str(REPO)}
+    run = subprocess.Popen([*QUANTGATE, "run", str(spec)], cwd=tmp_path, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 1200
+    while not list((tmp_path / "runs").glob("e2e-*/w4/quality")) and time.monotonic() < deadline:
+        assert run.poll() is None, run.stdout.read()[-3000:]
+        time.sleep(1)
+    time.sleep(5)
+    engine = subprocess.run(["pgrep", "-f", "max-num-seqs 31"], capture_output=True, text=True)
+    for pid in engine.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    out, _ = run.communicate(timeout=1200)
+    assert engine.stdout.split(), "the w4 engine was not found"
+    assert run.returncode == 1, out[-3000:]
+    manifest, verdict, records = run_record(tmp_path)
+    assert records["w4"]["error"].startswith("the engine died during the stage")
+    assert verdict["decision"] == "rollback"
+    assert any(r.startswith("w4: stage: stage did not finish: the engine died")
+               for r in verdict["reasons"]), verdict["reasons"]
+    # What finished is kept: the baseline stays in the stage cache; the broken stage is not stored.
+    cache = StageCache(Path(os.environ["QG_CACHE_DIR"]))
+    assert records["baseline"]["error"] is None
+    assert cache.lookup(manifest["cache_keys"]["baseline"]) is not None
+    assert cache.lookup(manifest["cache_keys"]["w4"]) is None
