@@ -56,4 +56,4 @@ test: system-deps models
 	$(VENV)/bin/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(LC_VENV) $(MODELS) runs mlruns mlflow.db
+	rm -rf $(VENV) $(LC_VENV) $(MODELS) runs reports mlruns mlflow.db .quantgate
