@@ -190,6 +190,41 @@ def load_rows(records: list[StageRecord]) -> list[dict[str, str]]:
     return rows
 
 
+def core_lines(records: list[StageRecord]) -> list[dict[str, Any]]:
+    """Where the load generator ran against the engine, one line per distinct plan (stages that
+    ran alike share a line); shared cores first: their latency includes the client's overhead."""
+    lines: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.load is None:
+            continue
+        sentence = record.load.cores_sentence()
+        line = lines.setdefault(sentence, {"sentence": sentence, "stages": [],
+                                           "shared": record.load.cores_shared})
+        line["stages"].append(record.name)
+    return sorted(lines.values(), key=lambda line: not line["shared"])
+
+
+def measured_elsewhere(record: StageRecord, run: str) -> str | None:
+    """For a stage the stage cache restored into `run`: the run and time that measured it."""
+    if not record.measured_in or record.measured_in == run:
+        return None
+    return f"measured in run {record.measured_in} at {record.measured_at or '(time not kept)'}"
+
+
+def reused_from(record: StageRecord, run: str) -> str | None:
+    elsewhere = measured_elsewhere(record, run)
+    if elsewhere is None or not record.cache_key:
+        return elsewhere
+    return f"{elsewhere} (stage cache {record.cache_key[:12]})"
+
+
+def cache_rows(records: list[StageRecord], run: str) -> list[dict[str, str]]:
+    """The stage cache key of every stage that has one, and whether this run measured it."""
+    return [{"stage": r.name, "key": r.cache_key,
+             "origin": measured_elsewhere(r, run) or "measured in this run"}
+            for r in records if r.cache_key]
+
+
 def set_sizes(verdict: Verdict, records: list[StageRecord]) -> list[dict[str, Any]]:
     """Per stage: the pooled accuracy test, its power at the sizes it ran, and what the adaptive
     sample size added."""
@@ -214,7 +249,7 @@ def set_sizes(verdict: Verdict, records: list[StageRecord]) -> list[dict[str, An
 
 
 def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
-             images: dict[str, Path]) -> dict[str, Any]:
+             images: dict[str, Path], run: str) -> dict[str, Any]:
     set_names = sorted({name for r in records if r.quality for name in r.quality.tasks})
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
     by_name = {r.name: r for r in records}
@@ -229,6 +264,8 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
+        "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
+        "cache": cache_rows(records, run),
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
@@ -247,9 +284,14 @@ def _environment(autoescape: bool):
 
 
 def write_report(
-    verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None
+    verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
+    run: str | None = None,
 ) -> dict[str, Path]:
-    """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir."""
+    """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir.
+
+    `run`: the results folder name of the run reported on (default: out_dir's name, as the flow
+    names the two alike); a stage measured in another run came from the stage cache.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
     drawn = {
@@ -260,7 +302,7 @@ def write_report(
                                                 out_dir / "length_ratios.png"),
     }
     images = {name: path for name, path in drawn.items() if path is not None}
-    context = _context(verdict, records, signer, images)
+    context = _context(verdict, records, signer, images, run or out_dir.name)
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from infra.checkpoint import read_config, weight_bytes
+from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError
 from infra.probe import cache_config, get_json, healthy, optional_int
@@ -55,7 +56,8 @@ def build_command(
     if spec.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
-        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.omp_threads_bind or f"0-{(os.cpu_count() or 1) - 1}"
+        # Cores the load generator gets stay off the engine's (infra/cores.py); the spec's bind wins.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
     else:
         command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
     return command, env

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.cores import CorePlan, format_cores
 from infra.errors import MeasurementError
 from load.profile import LoadProfile
 
@@ -85,8 +86,13 @@ def run_locust(
     out_dir: Path,
     tag: str,
     workers: int = 0,
+    cores: CorePlan | None = None,
 ) -> Path:
-    """Run Locust to completion (local, or master + `workers` workers); returns the master log."""
+    """Run Locust to completion (local, or master + `workers` workers); returns the master log.
+
+    With a core plan, every Locust process runs on the plan's client cores only.
+    """
+    pin = cores.pin if cores is not None else list
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"locust_{tag}.log"
     command = headless_command(base_url, users, run_s, stop_timeout_s, out_dir, tag)
@@ -109,13 +115,16 @@ def run_locust(
     full_env = os.environ | env
     try:
         with open(log_path, "w", encoding="utf-8") as log:
-            log.write(f"$ {' '.join(command)}\n")
+            on_cores = (f" (on cores {format_cores(cores.client)})"
+                        if cores is not None and cores.pins_client else "")
+            log.write(f"$ {' '.join(command)}{on_cores}\n")
             log.flush()
-            master = _spawn(command, log, full_env)
+            master = _spawn(pin(command), log, full_env)
             for index in range(workers):
                 worker_log = out_dir / f"locust_{tag}_worker{index}.log"
                 with open(worker_log, "w", encoding="utf-8") as wlog:
-                    worker_processes.append(_spawn(worker_command(base_url, port), wlog, full_env))
+                    worker_processes.append(_spawn(pin(worker_command(base_url, port)), wlog,
+                                                   full_env))
             try:
                 code = master.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired as exc:

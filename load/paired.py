@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.cores import CorePlan
 from load.profile import LoadProfile
 from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, Side
 from load.runner import check_equal_work, find_capacity, measured_part, run_level
@@ -40,18 +41,22 @@ def run_paired_load(
     out_dir: Path,
     *,
     reference_command: str | None = None,
+    cores: CorePlan | None = None,
 ) -> tuple[LoadResult, PairedLoad]:
     """Per level, `profile.rounds` rounds of the same load against both servers, back to back.
 
     Returns the stage's own LoadResult (its rounds pooled, per-round summaries as repeats, then
     the capacity search if the profile enables it) and the paired rounds the latency gate judges.
     Raw files land in out_dir/stage and out_dir/reference (same tags: a round's two sides got the
-    same prompts); load.json and paired.json in out_dir.
+    same prompts); load.json and paired.json in out_dir. Locust runs on the client cores of
+    `cores` (both engines are bound to the same engine cores, one of them loaded at a time).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    cores = cores or CorePlan.unplanned()
     one_side = round_profile(profile)
     servers = {"reference": reference, "stage": stage}
     result = LoadResult(max_error_rate=profile.max_error_rate)
+    result.record_cores(cores)
     paired = PairedLoad(reference=reference_name, reference_command=reference_command,
                         requests_per_round=profile.round_requests)
     # A freshly started reference is cold (first shapes, caches) while the stage has just
@@ -61,7 +66,7 @@ def run_paired_load(
                                        "warmup_requests": 0})
     for side, server in servers.items():
         run_level(server.base_url, server.model, warm, "warmup", max(levels.values()),
-                  out_dir / side)
+                  out_dir / side, cores=cores)
     for level, users in levels.items():
         rounds: list[PairedRound] = []
         windows: list[float] = []
@@ -70,7 +75,7 @@ def run_paired_load(
             for side in round_order(index):
                 server = servers[side]
                 samples = run_level(server.base_url, server.model, one_side, level, users,
-                                    out_dir / side, repeat=index)
+                                    out_dir / side, repeat=index, cores=cores)
                 measured[side], window_s = measured_part(samples, one_side, level)
                 check_equal_work(measured[side], profile.output_tokens, f"{level} ({side})")
                 if side == "stage":
@@ -83,7 +88,8 @@ def run_paired_load(
         result.summaries[level] = pooled
         result.repeat_summaries[level] = each
     if profile.capacity.enabled:
-        capacity, note, trace = find_capacity(stage.base_url, stage.model, profile, out_dir / "stage")
+        capacity, note, trace = find_capacity(stage.base_url, stage.model, profile,
+                                              out_dir / "stage", cores)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
     result.save(out_dir)
     paired.save(out_dir)

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+from infra.cores import CorePlan, format_cores
+
 # Figures that get a confidence interval across repeats: LoadSummary has `<name>_ci` for each
 # (percentile fields keep their unit last: ttft_p50_ms -> ttft_p50_ci_ms).
 CI_FIGURES = (
@@ -140,6 +142,31 @@ class LoadResult(BaseModel):
     )
     capacity_note: str | None = Field(default=None, description="How the search ended.")
     capacity_trace: list[CapacityStep] = Field(default_factory=list)
+    # Where Locust and the engine ran (infra/cores.py); empty in results stored before it was kept.
+    client_cores: str = Field(default="", description="Cores the load generator ran on (0-1).")
+    engine_cores: str = Field(
+        default="", description="Cores the engine was bound to; empty: not on this CPU or unknown.")
+    cores_shared: bool = Field(
+        default=False, description="The load generator was not kept off the engine's cores.")
+    cores_note: str = Field(default="", description="Why they were split or shared.")
+
+    def record_cores(self, plan: CorePlan) -> None:
+        self.client_cores = format_cores(plan.client)
+        self.engine_cores = format_cores(plan.engine)
+        self.cores_shared = plan.shared
+        self.cores_note = plan.reason
+
+    def cores_sentence(self) -> str:
+        """Where the load generator ran against the engine, in one plain sentence."""
+        if not self.client_cores:
+            return "where the load generator ran was not recorded"
+        if self.cores_shared:
+            return (f"load generator and engine shared cores {self.client_cores} "
+                    f"({self.cores_note}): client overhead is inside the latency figures")
+        client = f"load generator on {_cores(self.client_cores)}"
+        if not self.engine_cores:
+            return f"{client} ({self.cores_note})"
+        return f"{client}, engine on {_cores(self.engine_cores)} ({self.cores_note}): separate cores"
 
     def frame(self, level: str) -> pd.DataFrame:
         rows = [s.model_dump() | {"tpot_ms": s.tpot_ms} for s in self.samples.get(level, [])]
@@ -154,6 +181,10 @@ class LoadResult(BaseModel):
     @classmethod
     def read(cls, folder: Path) -> LoadResult:
         return cls.model_validate_json((folder / "load.json").read_text())
+
+
+def _cores(text: str) -> str:
+    return f"core {text}" if text.isdigit() else f"cores {text}"
 
 
 Side = Literal["reference", "stage"]

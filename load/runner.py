@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from infra.cores import CorePlan
 from infra.errors import MeasurementError
 from load.capacity import capacity_step, search_capacity
 from load.launch import LOCUSTFILE, locust_env, run_locust, tail
@@ -29,18 +30,24 @@ __all__ = [
 RUN_MARGIN_S = 2
 
 
-def run_load(base_url: str, model: str, profile: LoadProfile, out_dir: Path) -> LoadResult:
+def run_load(
+    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None
+) -> LoadResult:
     """Load the server at each level (and repeat) of the profile, then search capacity if enabled.
 
-    Raw samples, Locust's HTML reports and load.json land in out_dir.
+    Locust runs on the client cores of `cores` (the engine's plan, infra/cores.py); the result
+    records them. Raw samples, Locust's HTML reports and load.json land in out_dir.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    cores = cores or CorePlan.unplanned()
     result = LoadResult(max_error_rate=profile.max_error_rate)
+    result.record_cores(cores)
     for level, users in profile.levels().items():
         per_repeat: list[list[LoadSample]] = []
         windows: list[float] = []
         for repeat in range(profile.repeats):
-            samples = run_level(base_url, model, profile, level, users, out_dir, repeat=repeat)
+            samples = run_level(base_url, model, profile, level, users, out_dir, repeat=repeat,
+                                cores=cores)
             measured, window_s = measured_part(samples, profile, level)
             check_equal_work(measured, profile.output_tokens, level)
             per_repeat.append(measured)
@@ -51,7 +58,7 @@ def run_load(base_url: str, model: str, profile: LoadProfile, out_dir: Path) -> 
         if profile.repeats > 1:
             result.repeat_summaries[level] = each
     if profile.capacity.enabled:
-        capacity, note, trace = find_capacity(base_url, model, profile, out_dir)
+        capacity, note, trace = find_capacity(base_url, model, profile, out_dir, cores)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
     result.save(out_dir)
     return result
@@ -95,6 +102,7 @@ def run_level(
     out_dir: Path,
     *,
     repeat: int = 0,
+    cores: CorePlan | None = None,
 ) -> list[LoadSample]:
     """One closed-loop Locust run (local or distributed); every raw sample, warm-up included."""
     tag = level_tag(level, repeat)
@@ -111,7 +119,8 @@ def run_level(
         run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, max_requests=budget)
     log_path = run_locust(
-        base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers
+        base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
+        cores=cores,
     )
     samples = [s.model_copy(update={"repeat": repeat}) for s in read_samples(samples_path)]
     if not samples:
@@ -122,7 +131,8 @@ def run_level(
 
 
 def run_rate(
-    base_url: str, model: str, profile: LoadProfile, rate: float, out_dir: Path
+    base_url: str, model: str, profile: LoadProfile, rate: float, out_dir: Path,
+    cores: CorePlan | None = None,
 ) -> list[LoadSample]:
     """One open-loop run: Poisson arrivals at `rate` req/s from capacity.pool_users users."""
     search = profile.capacity
@@ -134,12 +144,13 @@ def run_rate(
     run_s = math.ceil(search.warmup_s + search.window_s(rate)) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, rate=rate)
     stop_timeout_s = math.ceil(profile.request_timeout_s)
-    run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers)
+    run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
+               cores=cores)
     return read_samples(samples_path)
 
 
 def find_capacity(
-    base_url: str, model: str, profile: LoadProfile, out_dir: Path
+    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None
 ) -> tuple[float | None, str, list[CapacityStep]]:
     """Bounded search for the highest rate at which capacity.target of requests meet the SLO."""
     search = profile.capacity
@@ -147,7 +158,7 @@ def find_capacity(
         raise MeasurementError("a capacity search needs an SLO in the profile")
 
     def evaluate(rate: float) -> CapacityStep:
-        samples = run_rate(base_url, model, profile, rate, out_dir)
+        samples = run_rate(base_url, model, profile, rate, out_dir, cores)
         # Judged on every request that arrived in the window, failed and late ones included.
         window_s = search.window_s(rate)
         measured = measured_window(samples, search.warmup_s, window_s)

@@ -13,6 +13,7 @@ import pytest
 from gates.decide import decide
 from gates.policy import GatePolicy
 from gates.report import write_report
+from infra.cores import plan_cores
 from tests.gates.records import chain
 
 
@@ -30,13 +31,26 @@ class Ids(HTMLParser):
             self.images.append(attrs.get("src", ""))
 
 
+EARLIER_RUN = "demo-20260101-000000-abc123"
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     records = chain()
     records[1].load.capacity_rps = 0.42
     records[1].load.capacity_note = "between 0.42 (passes) and 0.56 (fails) req/s"
-    verdict = decide("demo", records, GatePolicy())
     out = tmp_path_factory.mktemp("report")
+    # The baseline and a8 were measured in this run (named like the report folder); w8 came
+    # from the stage cache, measured in an earlier run.
+    for record, key in zip(records, "abc", strict=True):
+        record.measured_in, record.cache_key = out.name, key * 64
+        record.measured_at = "2026-02-02T10:00:00+00:00"
+    records[1].measured_in, records[1].measured_at = EARLIER_RUN, "2026-01-01T09:30:00+00:00"
+    # The baseline's load ran on a 2-core box (shared), the others on 16 cores (split).
+    records[0].load.record_cores(plan_cores("cpu", usable=[0, 1]))
+    for record in records[1:]:
+        record.load.record_cores(plan_cores("cpu", usable=range(16)))
+    verdict = decide("demo", records, GatePolicy())
     return verdict, records, write_report(verdict, records, out, signer="Ada Lovelace")
 
 
@@ -48,7 +62,7 @@ def test_report_writes_html_markdown_and_every_figure(report):
     parser = Ids()
     parser.feed(paths["html"].read_text())
     assert {"decision", "rollback", "stages", "forest", "long_context", "latency_cdf",
-            "length_ratios", "engine", "signoff", "sizes", "load"} <= parser.ids
+            "length_ratios", "engine", "signoff", "sizes", "load", "cores", "cache-keys"} <= parser.ids
     assert len(parser.images) == 4 and all(s.startswith("data:image/png;base64,") for s in parser.images)
 
 
@@ -70,6 +84,39 @@ def test_report_states_the_verdict_cis_flips_and_sign_off(report):
     assert re.search(r"\| a8 \| high \(c=\d+\) \| \d+ \(0 err\) \| [\d,]+ / [-\d,]+ \| 21 / ", md)
     assert "| w8 | capacity at the SLO | 0.42 req/s: between 0.42 (passes) and 0.56 (fails)" in md
     assert "vllm --model a8" in md  # the rollback plan's exact command line
+
+
+def test_report_says_where_the_load_generator_ran_against_the_engine(report):
+    _, _, paths = report
+    md = paths["md"].read_text()
+    assert ("- baseline: **load generator and engine shared cores 0-1 (2 usable cores: the engine "
+            "needs them all): client overhead is inside the latency figures**.") in md
+    assert ("- w8, a8: load generator on cores 0-1, engine on cores 2-15 (16 usable cores: 2 kept "
+            "for the load generator): separate cores.") in md
+    html = paths["html"].read_text()
+    assert '<li class="shared">baseline: load generator and engine shared cores 0-1' in html
+
+
+def test_report_shows_which_stages_came_from_the_stage_cache(report):
+    _, _, paths = report
+    md = paths["md"].read_text()
+    elsewhere = f"measured in run {EARLIER_RUN} at 2026-01-01T09:30:00+00:00"
+    reused = f"{elsewhere} (stage cache {'b' * 12})"
+    assert f"| w8 (emulated) ({reused}) |" in md
+    assert re.search(r"^\| a8 \| activations", md, re.M)  # measured in this run: no note
+    # The sign-off lists every stage's full key and where it was measured.
+    assert f"| Stage cache key, baseline | `{'a' * 64}` (measured in this run) |" in md
+    assert f"| Stage cache key, w8 | `{'b' * 64}` ({elsewhere}) |" in md
+    html = paths["html"].read_text()
+    assert f'<span class="small muted reused">{reused}</span>' in html
+    assert html.count("<code>" + "c" * 64 + "</code>") == 1
+
+
+def test_a_report_written_elsewhere_names_the_run_it_reports_on(tmp_path, report):
+    verdict, records, _ = report
+    # `quantgate gate RUN --report DIR`: DIR's name is not the run's.
+    md = write_report(verdict, records, tmp_path / "elsewhere", run=records[0].measured_in)["md"]
+    assert md.read_text().count("measured in this run") == 2
 
 
 def test_unsigned_report_leaves_a_line_to_sign(tmp_path):

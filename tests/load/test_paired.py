@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from infra.cores import plan_cores
 from load.paired import Server, round_order, run_paired_load
 from load.profile import LoadProfile
 from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, median_ms
@@ -49,6 +50,7 @@ def test_two_servers_are_timed_in_interleaved_rounds(tmp_path):
         result, paired = run_paired_load(
             Server(stage.base_url, "stage-model"), Server(reference.base_url, "fake-model"),
             "baseline", PROFILE, tmp_path, reference_command="vllm serve base",
+            cores=plan_cores("cpu", usable=[0, 1]),
         )
         # Both warmed once at the busiest level (2 requests per user), then per level, round and
         # side: 1 warm-up + 3 measured requests, nothing else.
@@ -80,3 +82,5 @@ def test_two_servers_are_timed_in_interleaved_rounds(tmp_path):
         for tag in ("low", "low-r2", "low-r3", "high", "high-r2", "high-r3"):
             assert (tmp_path / side / f"samples_{tag}.jsonl").stat().st_size > 0
     assert LoadResult.read(tmp_path) == result and PairedLoad.read(tmp_path) == paired
+    # Where Locust ran against the engines is stored with the stage's result.
+    assert result.cores_shared and result.client_cores == result.engine_cores == "0-1"
