@@ -15,10 +15,12 @@ import httpx
 from infra.checkpoint import read_config, weight_bytes
 from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
-from infra.errors import EngineError
+from infra.errors import EngineError, PortInUseError
 from infra.probe import cache_config, get_json, healthy, optional_int
 
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# Every engine this process started, in order, as (stage served, log): a run records them.
+STARTED: list[tuple[str, Path]] = []
 
 
 def port_free(host: str, port: int) -> bool:
@@ -29,6 +31,12 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -68,22 +76,26 @@ class VllmEngine(Engine):
     kind = "vllm"
 
     def __init__(self, spec, checkpoint: Path, flags, log_path: Path, stage: str = "") -> None:
+        if spec.port is None:  # a port per engine: runs side by side do not collide
+            spec = spec.model_copy(update={"port": free_port(spec.host)})
         self.spec = spec
         self.checkpoint = checkpoint
         self.flags = flags
         self.log_path = log_path
+        self.stage = stage
         self.base_url = f"http://{spec.host}:{spec.port}"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> EngineFacts:
         read_config(self.checkpoint)
         if not port_free(self.spec.host, self.spec.port):
-            raise EngineError(
+            raise PortInUseError(
                 f"port {self.spec.port} on {self.spec.host} is already in use; "
                 "stop what holds it or set engine.port in the spec"
             )
         command, env = build_command(self.spec, self.checkpoint, self.flags)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        STARTED.append((self.stage, self.log_path))
         started = time.monotonic()
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
