@@ -29,6 +29,7 @@ from gates.policy import GatePolicy, load_policy, precision_class, save_run_poli
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
 from gates.verdict import Verdict
+from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
@@ -105,18 +106,20 @@ def measure_quality(
 
 
 @task(name="load", cache_policy=NO_CACHE)
-def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path) -> LoadResult:
-    return run_load(facts.base_url, facts.model, profile, folder / "load")
+def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path,
+                 cores: CorePlan | None = None) -> LoadResult:
+    return run_load(facts.base_url, facts.model, profile, folder / "load", cores=cores)
 
 
 @task(name="paired load", cache_policy=NO_CACHE)
 def measure_paired_load(
     facts: EngineFacts, reference_facts: EngineFacts, reference: Stage, profile: LoadProfile,
-    folder: Path,
+    folder: Path, cores: CorePlan | None = None,
 ) -> tuple[LoadResult, PairedLoad]:
     return run_paired_load(
         Server(facts.base_url, facts.model), Server(reference_facts.base_url, reference_facts.model),
         reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
+        cores=cores,
     )
 
 
@@ -169,7 +172,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                             stage.name, reference.name)
                 reference = None
             if reference is None:
-                record.load = measure_load(facts, prepared.profile, folder)
+                record.load = measure_load(facts, prepared.profile, folder, plan_for(spec.engine))
             else:
                 # Both engines up at once, loaded in alternating rounds: drift between runs hits
                 # both sides of a round alike (load/README.md).
@@ -178,7 +181,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                 with engine_beside(spec, reference, folder / "reference-engine.log",
                                    REFERENCE_PORT_OFFSET) as reference_facts:
                     record.load, record.paired_load = measure_paired_load(
-                        facts, reference_facts, reference, prepared.profile, folder)
+                        facts, reference_facts, reference, prepared.profile, folder,
+                        plan_for(spec.engine))
     except MeasurementError as err:
         record.error = str(err)
         if record.facts is not None and getattr(engine, "alive", lambda: True)() is False:

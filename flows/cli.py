@@ -122,7 +122,8 @@ def gate(
     if report is not None:
         from gates.report import write_report
 
-        console.print(f"report: {write_report(verdict, records, report, signer)['html']}")
+        written = write_report(verdict, records, report, signer, run=results_dir.resolve().name)
+        console.print(f"report: {written['html']}")
     raise typer.Exit(verdict.exit_code)
 
 

@@ -1,0 +1,118 @@
+"""The service's queue on a real Prefect server and registry on a real MLflow server (no engine,
+no worker: runs stay scheduled, which is what a queue shows)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from flows import service
+from infra.servers import MlflowServer, PrefectServer
+from tests.flows.checkpoints import W8A16, make_checkpoint, make_emulated_checkpoint
+
+SPEC = """
+candidate: c
+baseline: {{checkpoint: {base}}}
+stages: [{{name: w8, kind: weights, checkpoint: {w8}}}]
+evalsets: [{{name: math, limit: 60}}]
+load_profile: ci
+"""
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("service-queue")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    with PrefectServer(folder / "prefect") as prefect, MlflowServer.local(folder / "mlflow") as ml:
+        os.environ["PREFECT_API_URL"] = prefect.api_url
+        os.environ["MLFLOW_TRACKING_URI"] = ml.tracking_uri
+        service.deploy()
+        yield folder, ml.tracking_uri
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def spec(tmp_path):
+    base = make_checkpoint(tmp_path / "bf16")
+    w8 = make_emulated_checkpoint(tmp_path / "w8", "w8a16", W8A16)
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.format(base=base, w8=w8))
+    return path
+
+
+def state(run_id: str) -> str:
+    async def read():
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            return (await client.read_flow_run(run_id)).state.type.value
+
+    return asyncio.run(read())
+
+
+def test_deploy_creates_the_pool_and_the_host_limit(servers):
+    async def read():
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            pool = await client.read_work_pool(service.POOL)
+            limit = await client.read_global_concurrency_limit_by_name(service.host_limit())
+            deployment = await client.read_deployment_by_name(f"{service.FLOW}/{service.DEPLOYMENT}")
+            return pool.type, limit.limit, deployment.work_pool_name
+
+    assert asyncio.run(read()) == ("process", 1, service.POOL)
+
+
+def test_the_same_key_is_the_same_run_and_a_crashed_one_resumes(servers, spec):
+    first, what = service.submit(spec, key="m@1", registry_version="m@1")
+    assert what == "scheduled" and state(first) == "SCHEDULED"
+    again, what = service.submit(spec, key="m@1", registry_version="m@1")
+    assert again == first and what == "scheduled"
+
+    async def crash():
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        async with get_client() as client:
+            await client.set_flow_run_state(first, Crashed(), force=True)
+
+    asyncio.run(crash())
+    resumed, what = service.submit(spec, key="m@1")
+    assert resumed == first and what == "resumed (was crashed)" and state(first) == "SCHEDULED"
+    other, _ = service.submit(spec)  # no key: a new run
+    assert other != first
+
+
+def test_status_lists_queued_runs_with_their_registry_version(servers, spec):
+    run_id, _ = service.submit(spec, key="m@2", registry_version="m@2")
+    rows = {row["id"]: row for row in service.status(servers[1], "quantgate")}
+    assert rows[run_id]["state"] == "Scheduled" and rows[run_id]["registry"] == "m@2"
+    assert rows[run_id]["verdict"] == "-" and rows[run_id]["spec"] == "spec.yaml"
+
+
+def test_a_registered_version_is_queued_once_and_a_bad_one_is_tagged(servers, spec, tmp_path):
+    import mlflow
+
+    from flows.registry import register_checkpoint
+
+    client = mlflow.MlflowClient(servers[1])
+    client.create_registered_model("svc", tags={"quantgate.spec": str(spec)})
+    good = register_checkpoint(client, "svc", tmp_path / "w8")
+    seen: set[str] = set()
+    lines: list[str] = []
+    queued = service.intake(client, ["svc"], seen, tmp_path / "specs", lines.append)
+    assert len(queued) == 1 and state(queued[0]) == "SCHEDULED", lines
+    assert service.intake(client, ["svc"], set(), tmp_path / "specs", lines.append) == []
+    tags = client.get_model_version("svc", good.version).tags
+    assert tags["quantgate.status"] == "queued" and tags["quantgate.flow_run_id"] == queued[0]
+
+    bad = register_checkpoint(client, "svc", tmp_path / "w8",
+                              tags={"quantgate.spec": str(tmp_path / "missing.yaml")})
+    assert service.intake(client, ["svc"], set(), tmp_path / "specs", lines.append) == []
+    assert client.get_model_version("svc", bad.version).tags["quantgate.status"] == "error"
