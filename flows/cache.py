@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The code that produces a stage's numbers (and the built-in eval data beside it); the CLI, the
 # service and the gates' judging are not in it: a verdict is recomputed from stored stages.
 MEASURING = ("evalsets", "load", "infra/vllm_engine.py", "infra/external_engine.py",
-             "infra/probe.py", "infra/checkpoint.py", "flows/adaptive.py",
+             "infra/probe.py", "infra/checkpoint.py", "infra/cores.py", "flows/adaptive.py",
              "flows/engines.py", "gates/accuracy.py", "gates/noninferiority.py")
 MEASURING_SUFFIXES = (".py", ".yaml", ".yml", ".jsonl", ".json", ".txt", ".jinja")
 KEY_FILE = "cache-key.json"

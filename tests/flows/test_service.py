@@ -89,11 +89,19 @@ def test_the_same_key_is_the_same_run_and_a_crashed_one_resumes(servers, spec):
     assert other != first
 
 
-def test_status_lists_queued_runs_with_their_registry_version(servers, spec):
+def test_status_lists_runs_with_their_registry_version_and_verdict(servers, spec):
+    import mlflow
+
     run_id, _ = service.submit(spec, key="m@2", registry_version="m@2")
-    rows = {row["id"]: row for row in service.status(servers[1], "quantgate")}
+    judged, _ = service.submit(spec, key="m@3", registry_version="m@3")
+    client = mlflow.MlflowClient(servers[1])
+    experiment = client.create_experiment("status-test")
+    client.create_run(experiment, tags={"prefect.flow_run_id": judged, "verdict": "go",
+                                        "candidate": "m-v3"})
+    rows = {row["id"]: row for row in service.status(servers[1], "status-test")}
     assert rows[run_id]["state"] == "Scheduled" and rows[run_id]["registry"] == "m@2"
     assert rows[run_id]["verdict"] == "-" and rows[run_id]["spec"] == "spec.yaml"
+    assert rows[judged]["verdict"] == "go" and rows[judged]["candidate"] == "m-v3"
 
 
 def test_a_registered_version_is_queued_once_and_a_bad_one_is_tagged(servers, spec, tmp_path):
