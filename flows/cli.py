@@ -199,8 +199,8 @@ def submit(
     from flows.settings import Settings
 
     try:
-        Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
         use_service(Settings().state_dir)
+        Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))

@@ -43,6 +43,16 @@ def write_address(state_dir: Path, prefect_api_url: str, mlflow_uri: str) -> Pat
     return path
 
 
+def point_prefect_at(api_url: str) -> None:
+    """Talk to this Prefect API from now on. Prefect reads its settings once, when first
+    imported: an already-imported Prefect is told to read them again."""
+    os.environ["PREFECT_API_URL"] = api_url
+    if "prefect.context" in sys.modules:
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
+
+
 def use_service(state_dir: Path) -> dict[str, str]:
     """Point this process at the running service's Prefect and MLflow servers."""
     path = state_dir / ADDRESS_FILE
@@ -53,7 +63,7 @@ def use_service(state_dir: Path) -> dict[str, str]:
         raise ServiceError(f"no service found ({path} does not exist): start `quantgate serve`, "
                            "or set PREFECT_API_URL and MLFLOW_TRACKING_URI")
     address = json.loads(path.read_text())
-    os.environ.setdefault("PREFECT_API_URL", address["prefect_api_url"])
+    point_prefect_at(os.environ.get("PREFECT_API_URL") or address["prefect_api_url"])
     os.environ.setdefault("MLFLOW_TRACKING_URI", address["mlflow_tracking_uri"])
     return address
 
@@ -312,7 +322,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
     with contextlib.ExitStack() as stack:
         if prefect_api_url is None:
             prefect_api_url = stack.enter_context(PrefectServer(state_dir / "prefect")).api_url
-        os.environ["PREFECT_API_URL"] = prefect_api_url
+        point_prefect_at(prefect_api_url)
         local_mlflow = mlflow_uri is None or not mlflow_uri.startswith(("http://", "https://"))
         if local_mlflow:
             backend = mlflow_uri or f"sqlite:///{state_dir / 'mlflow.db'}"

@@ -24,9 +24,11 @@ load_profile: ci
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("service-queue")
+    from prefect.context import refresh_global_settings_context
+
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     with PrefectServer(folder / "prefect") as prefect, MlflowServer.local(folder / "mlflow") as ml:
-        os.environ["PREFECT_API_URL"] = prefect.api_url
+        service.point_prefect_at(prefect.api_url)  # Prefect was imported by earlier tests
         os.environ["MLFLOW_TRACKING_URI"] = ml.tracking_uri
         service.deploy()
         yield folder, ml.tracking_uri
@@ -35,6 +37,7 @@ def servers(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    refresh_global_settings_context()
 
 
 @pytest.fixture
