@@ -197,9 +197,13 @@ def status(tracking_uri: str, experiment: str, limit: int = 50) -> list[dict[str
     found = client.get_experiment_by_name(experiment)
     if found is not None and runs:
         # MLflow filters tags by =, != and LIKE only: every service run, then matched here.
+        # Newest first; a resumed run's crashed attempt has no verdict: the judged attempt wins.
         for logged in client.search_runs([found.experiment_id],
                                          "tags.`prefect.flow_run_id` LIKE '%'", max_results=1000):
-            verdicts[logged.data.tags["prefect.flow_run_id"]] = logged.data.tags
+            tags = logged.data.tags
+            known = verdicts.get(tags["prefect.flow_run_id"])
+            if known is None or ("verdict" in tags and "verdict" not in known):
+                verdicts[tags["prefect.flow_run_id"]] = tags
     rows = []
     for run in runs:
         tags = verdicts.get(str(run.id), {})

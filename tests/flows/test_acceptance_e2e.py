@@ -188,7 +188,8 @@ def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
         port = holder.getsockname()[1]
         spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights",
                                       "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")}], port)
-        result = quantgate("run", str(spec), cwd=tmp_path)
+        # --no-cache: the tree measured these very stages; from the cache no engine would start.
+        result = quantgate("run", str(spec), "--no-cache", cwd=tmp_path)
     assert result.returncode == 2
     assert f"error: port {port} on 127.0.0.1 is already in use" in result.stderr
     runs = mlflow_runs(tmp_path)

@@ -101,6 +101,8 @@ def test_status_lists_runs_with_their_registry_version_and_verdict(servers, spec
     experiment = client.create_experiment("status-test")
     client.create_run(experiment, tags={"prefect.flow_run_id": judged, "verdict": "go",
                                         "candidate": "m-v3"})
+    # A later attempt of the same run that crashed before judging does not hide the verdict.
+    client.create_run(experiment, tags={"prefect.flow_run_id": judged, "candidate": "m-v3"})
     rows = {row["id"]: row for row in service.status(servers[1], "status-test")}
     assert rows[run_id]["state"] == "Scheduled" and rows[run_id]["registry"] == "m@2"
     assert rows[run_id]["verdict"] == "-" and rows[run_id]["spec"] == "spec.yaml"

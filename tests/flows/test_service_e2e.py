@@ -96,7 +96,7 @@ class Service:
         return self.log.read_text(errors="replace")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
-        env = self.env | {"PREFECT_API_URL": self.address["prefect_api_url"],
+        env = self.env | {"COLUMNS": "200", "PREFECT_API_URL": self.address["prefect_api_url"],
                           "MLFLOW_TRACKING_URI": self.address["mlflow_tracking_uri"]}
         return subprocess.run([*QUANTGATE, *args], cwd=self.folder, env=env, capture_output=True,
                               text=True, timeout=300)
@@ -247,5 +247,6 @@ def test_two_workers_one_host_one_acceptance_at_a_time(story):
 def test_the_webhook_was_verified_and_status_lists_the_verdicts(story):
     assert f"webhook: {MODEL}@2 created" in story["log"]
     assert story["status"].returncode == 0, story["status"].stderr
-    out = story["status"].stdout
-    assert "go" in out and "rollback" in out and f"{MODEL}@2" in out
+    rows = {line.split("│")[5].strip(): line.split("│")[6].strip()
+            for line in story["status"].stdout.splitlines() if line.count("│") == 8}
+    assert rows == {f"{MODEL}@1": "go", f"{MODEL}@2": "rollback"}, story["status"].stdout
