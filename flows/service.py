@@ -10,6 +10,7 @@ the servers are is kept in `<state_dir>/service.json`, so the other commands fin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -125,7 +126,7 @@ def stop_process_tree(process: subprocess.Popen, grace_s: float = 60) -> None:
     except psutil.NoSuchProcess:
         children = []
     for child in children:
-        with _gone():
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.terminate()
     psutil.wait_procs(children, timeout=grace_s)
     process.terminate()
@@ -134,18 +135,8 @@ def stop_process_tree(process: subprocess.Popen, grace_s: float = 60) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
     for child in children:
-        with _gone():
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-
-
-class _gone:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, value, traceback) -> bool:
-        import psutil
-
-        return kind is not None and issubclass(kind, psutil.NoSuchProcess)
 
 
 def submit(spec_path: Path, key: str | None = None, no_cache: bool = False,
@@ -312,7 +303,6 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
                 workers: int, watch: list[str], poll_s: float, webhook_port: int | None,
                 webhook_secret: str | None, log) -> None:
     """Serve until SIGTERM / Ctrl-C (raised as SystemExit / KeyboardInterrupt by the caller)."""
-    import contextlib
     import queue
     import threading
 
