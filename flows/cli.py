@@ -32,7 +32,8 @@ QUIET_ENV = {
 
 
 def fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # Messages quote user values ("^[a-z]*$", "[x]"): rich would read brackets as markup tags.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -82,9 +83,11 @@ def run(
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
     from flows.acceptance import acceptance, checked
+    from flows.settings import check_writable, load_settings
 
     try:
         checked(spec)  # fail fast, before Prefect and any engine start
+        check_writable(load_settings())  # not an hour in, after the engines measured
         verdict = acceptance(str(spec), no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
@@ -99,12 +102,18 @@ def gate(
         help="Policy name or path; default: the policy stored with the run.")] = None,
     report: Annotated[Path | None, typer.Option(help="Also write the sign-off report here.")] = None,
     signer: Annotated[str | None, typer.Option(help="Name for the report's sign-off block.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite a report already in the --report folder.")] = False,
 ) -> None:
     """Recompute the verdict from a stored results folder (no engine needed), by the policy the
     run was judged with unless --policy names another."""
     from gates.decide import decide, load_records
     from gates.policy import load_policy, run_policy
 
+    if report is not None and not force and (report / "report.html").exists():
+        # A signed report is a record of a decision: replacing it is never a side effect.
+        fail(f"{report} already holds a report (report.html); choose a new folder or pass --force "
+             "to overwrite it")
     try:
         if not (results_dir / "manifest.json").is_file():
             raise QuantgateError(f"{results_dir} is not a results folder (no manifest.json)")
@@ -122,8 +131,12 @@ def gate(
     if report is not None:
         from gates.report import write_report
 
-        written = write_report(verdict, records, report, signer, run=results_dir.resolve().name)
-        console.print(f"report: {written['html']}")
+        try:
+            written = write_report(verdict, records, report, signer, run=results_dir.resolve().name)
+        except OSError as err:
+            fail(f"cannot write the report into {report}: {err.strerror or err}; choose a "
+                 "writable folder")
+        console.print(f"report: {escape(str(written['html']))}", highlight=False)
     raise typer.Exit(verdict.exit_code)
 
 
@@ -327,14 +340,34 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except OSError as err:
+        # A full disk, a folder taken away, a permission: the machine's state, not a bug.
+        where = f" ({err.filename})" if err.filename else ""
+        err_console.print(f"[bold red]error:[/] {escape(f'{err.strerror or err}{where}')} (an "
+                          f"environment problem, not a bug{escape(_kept_results())})",
+                          highlight=False, soft_wrap=True)
+        sys.exit(2)
     except Exception as err:  # noqa: BLE001 - the last line of defence of the exit-code contract
         import traceback
 
         traceback.print_exc()
-        err_console.print(f"[bold red]error:[/] unexpected {type(err).__name__}: {err} (a bug; the "
-                          "traceback is above, measured results are kept under runs/)",
+        err_console.print(f"[bold red]error:[/] {escape(f'unexpected {type(err).__name__}: {err}')} "
+                          f"(a bug; the traceback is above{escape(_kept_results())})",
                           highlight=False, soft_wrap=True)
         sys.exit(2)
+
+
+def _kept_results() -> str:
+    """', measured results are kept under DIR' when the configured results folder holds any."""
+    try:
+        from flows.settings import Settings
+
+        folder = Settings().results_dir
+        if folder.is_dir() and any(folder.iterdir()):
+            return f"; measured results are kept under {folder.resolve()}"
+    except Exception:  # noqa: BLE001, S110 - a crash report must not crash on its way out
+        pass
+    return ""
 
 
 if __name__ == "__main__":

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.errors import QuantgateError
+
+
+class SettingsError(QuantgateError):
+    """A setting (a QG_ or MLflow environment variable) names something quantgate cannot use."""
 
 
 def _default_tracking_uri() -> str:
@@ -37,3 +45,63 @@ class Settings(BaseSettings):
     @property
     def stage_cache_dir(self) -> Path:
         return (self.cache_dir or self.results_dir / "cache").resolve()
+
+
+def load_settings() -> Settings:
+    """The settings from the environment, with a bad variable named instead of a traceback."""
+    try:
+        return Settings()
+    except ValidationError as err:
+        problems = "; ".join(f"QG_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']} "
+                             f"(got {e.get('input')!r})" for e in err.errors())
+        raise SettingsError(f"invalid setting: {problems}") from err
+
+
+def check_writable(settings: Settings) -> None:
+    """Refuse, before anything is measured, folders the run would fail to write an hour in."""
+    folders = [("QG_RESULTS_DIR", settings.results_dir), ("QG_REPORTS_DIR", settings.reports_dir),
+               ("QG_CACHE_DIR", settings.stage_cache_dir)]
+    store = local_tracking_folder(settings.mlflow_tracking_uri)
+    if store is not None:
+        folders.append(("MLFLOW_TRACKING_URI (or QG_MLFLOW_TRACKING_URI)", store))
+    for setting, folder in folders:
+        problem = _unwritable(folder)
+        if problem:
+            shown = settings.mlflow_tracking_uri if setting.startswith("MLFLOW") else folder
+            raise SettingsError(f"{setting}={shown}: cannot write there ({problem}); set "
+                                f"{setting.split()[0]} to a writable location")
+
+
+def local_tracking_folder(uri: str) -> Path | None:
+    """The folder a local MLflow store writes in (sqlite file's folder, file store), else None."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        # sqlite:///relative.db and sqlite:////absolute.db (SQLAlchemy's spelling)
+        path = unquote(uri.removeprefix("sqlite://").split("?", 1)[0])
+        path = path[1:] if path.startswith("/") else path
+        if path in ("", ":memory:"):
+            return None
+        return Path(path).parent
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
+        return Path(uri)
+    return None  # a server: its own business
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why nothing can be written under `folder` (created on demand), or None. Creates nothing:
+    the nearest existing folder above it gets a temporary file."""
+    existing = folder.absolute()
+    while not existing.exists():
+        if existing.parent == existing:
+            return "no existing folder above it"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"{existing}: {err.strerror or err}"
+    return None

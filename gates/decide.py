@@ -9,7 +9,7 @@ from pathlib import Path
 from gates.checks import stage_checks
 from gates.latency import error_rate_checks
 from gates.policy import GatePolicy, precision_class
-from gates.record import RunManifest, StageRecord
+from gates.record import RunManifest, StageRecord, StoredRecordError
 from gates.verdict import Check, RollbackPlan, StageVerdict, Verdict
 
 
@@ -98,7 +98,20 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
 
 
 def load_records(results_dir: Path) -> tuple[str, list[StageRecord]]:
-    """Stage records from a results folder, in run order."""
+    """Stage records from a results folder, in run order; StoredRecordError for a record this
+    quantgate cannot read or a manifest entry that is not a stage folder of this run."""
     manifest = RunManifest.read(results_dir)
+    if not manifest.stages:
+        raise StoredRecordError(f"{results_dir / 'manifest.json'}: lists no stages; the run "
+                                "measured nothing: re-run the acceptance")
+    root = results_dir.resolve()
+    for name in manifest.stages:
+        # A stage is a folder of this run: a path would gate another run's numbers as this one's.
+        plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name
+        if not plain or (results_dir / name).resolve().parent != root:
+            raise StoredRecordError(
+                f"{results_dir / 'manifest.json'}: stage entry {name!r} is not a stage folder of "
+                "this run (a plain stage name, no '/' or '..'); the manifest is damaged: re-run "
+                "the acceptance")
     records = [StageRecord.read(results_dir / name) for name in manifest.stages]
     return manifest.candidate, records

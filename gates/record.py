@@ -2,16 +2,67 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from infra.engine import EngineFacts
+from infra.errors import QuantgateError
 from load.results import LoadResult, PairedLoad
+
+# The layout of stage.json and manifest.json. Bump it when a change would make an older
+# quantgate misread a record; records written before the field existed are layout 1.
+SCHEMA_VERSION = 1
+
+Record = TypeVar("Record", bound=BaseModel)
+
+
+class StoredRecordError(QuantgateError):
+    """A stored record (stage.json, manifest.json) is missing, damaged or of another layout."""
+
+
+def read_record(path: Path, model: type[Record]) -> Record:
+    """A stored record, refused with the file, the version found and what to do when it is not
+    one this quantgate can read: a record misread is a verdict on numbers nobody measured."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise StoredRecordError(f"{path}: missing; the results folder is incomplete: re-run "
+                                "the acceptance") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise StoredRecordError(f"{path}: cannot be read ({err}); the results folder is "
+                                "damaged: re-run the acceptance") from err
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise StoredRecordError(f"{path}: not valid JSON ({err}); the results folder is damaged: "
+                                "re-run the acceptance") from err
+    if not isinstance(data, dict):
+        raise StoredRecordError(f"{path}: expected a JSON object, got {type(data).__name__}; the "
+                                "results folder is damaged: re-run the acceptance")
+    version = data.get("schema_version", 1)  # written before the field existed: layout 1
+    if type(version) is not int or version < 1:
+        raise StoredRecordError(f"{path}: unknown schema version {version!r} (this quantgate "
+                                f"reads {SCHEMA_VERSION}); the record is damaged: re-run the "
+                                "acceptance")
+    if version > SCHEMA_VERSION:
+        raise StoredRecordError(f"{path}: written by a newer quantgate (schema {version}, this "
+                                f"one reads {SCHEMA_VERSION}): upgrade quantgate to gate it")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
+                             for e in err.errors()[:3])
+        raise StoredRecordError(f"{path}: schema {version} but not a valid {model.__name__} "
+                                f"({problems}); damaged or older layout: re-run, or re-gate with "
+                                "the quantgate that wrote it") from err
 
 
 class StageRecord(BaseModel):
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Layout of stage.json.")
     name: str
     kind: str
     parent: str | None
@@ -39,12 +90,13 @@ class StageRecord(BaseModel):
 
     @classmethod
     def read(cls, folder: Path) -> StageRecord:
-        return cls.model_validate_json((folder / "stage.json").read_text())
+        return read_record(folder / "stage.json", cls)
 
 
 class RunManifest(BaseModel):
     """The results folder's index: which candidate, which stages in run order."""
 
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Layout of manifest.json.")
     candidate: str
     stages: list[str]
     spec_path: str | None = None
@@ -63,7 +115,7 @@ class RunManifest(BaseModel):
 
     @classmethod
     def read(cls, results_dir: Path) -> RunManifest:
-        return cls.model_validate_json((results_dir / "manifest.json").read_text())
+        return read_record(results_dir / "manifest.json", cls)
 
 
 def paired_items(first: TaskQuality, second: TaskQuality | None) -> list[tuple[QualityItem, QualityItem]]:

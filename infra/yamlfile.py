@@ -60,13 +60,60 @@ def _has_tag(model: type[BaseModel], tag: str) -> bool:
                for f in model.model_fields.values())
 
 
-def read_yaml(path: Path) -> object:
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping repeats a key: YAML would silently keep the last one."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a repeated key instead of letting the second one win (a second
+    `stages:` would otherwise drop the first list without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        # Checked before merge keys (`<<:`) are flattened in: a literal key may override a merged one.
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            if first is not None:
+                raise DuplicateKeyError(
+                    None, None, f"duplicate key {key!r} at line {line} (first at line {first})",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> object:
+    """YAML text to Python objects, refusing repeated keys; errors name `source` and the line."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    except DuplicateKeyError as err:
+        raise SpecError(f"{source}: {err.problem}") from err
+    except yaml.YAMLError as err:
+        raise SpecError(f"{source}: not valid YAML: {err}".replace("\n", " ")) from err
+
+
+def read_text(path: Path) -> str:
+    """A user's text file as UTF-8, or one line naming the file."""
     if not path.is_file():
         raise SpecError(f"{path}: file not found")
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from err
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                        f"{err.start}); save it as UTF-8") from err
+    except OSError as err:
+        raise SpecError(f"{path}: cannot be read: {err.strerror or err}") from err
+
+
+def read_yaml(path: Path) -> object:
+    """The one reader of YAML files: duplicate keys, bad encodings and bad syntax are SpecErrors."""
+    return parse_yaml(read_text(path), str(path))
 
 
 def load_model(path: Path, model: type[Model], context: dict | None = None) -> Model:

@@ -84,3 +84,166 @@ def test_verdict_reasons_keep_their_bracketed_intervals(capsys):
     cli.print_verdict(verdict)
     out = capsys.readouterr().out
     assert "[x0.9, x1.0]" in out and "n [x1, x2]" in out
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("where", ["spec", "policy", "profile"])
+def test_a_repeated_yaml_key_is_one_line_naming_key_and_line(tmp_path, cpu, where):
+    cpu(AVX512)
+    emulated_chain(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    if where == "spec":
+        target = spec
+        spec.write_text(spec.read_text() + "stages: []\n")  # would silently drop the stages
+    else:
+        target = tmp_path / f"{where}.yaml"
+        target.write_text("first: 1\nsecond:\n  inner: 2\n  inner: 3\n")
+        field = "gate_policy" if where == "policy" else "load_profile"
+        spec.write_text(spec.read_text().replace(
+            "load_profile: ci\n", f"load_profile: ci\n{field}: {target}\n"
+            if where == "policy" else f"load_profile: {target}\n"))
+    result = runner.invoke(app, ["validate", str(spec)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {target}: duplicate key"), result.output
+    key, line = ("stages", "line") if where == "spec" else ("inner", "line 4")
+    assert f"'{key}' at {line}" in lines[0]
+
+
+def test_a_spec_that_is_not_utf8_is_one_line(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes("candidate: d\xe9mo\n".encode("latin-1"))
+    result = runner.invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2
+    assert error_lines(result) == [error_lines(result)[0]]
+    assert error_lines(result)[0].startswith(f"error: {spec}: not UTF-8"), result.output
+
+
+def test_bracketed_values_survive_in_error_messages(tmp_path):
+    path = write_spec(tmp_path, stages=[{"name": "[x]", "kind": "kv_cache",
+                                         "engine_flags": {"kv_cache_dtype": "fp8"}}])
+    result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert len(error_lines(result)) == 1, result.output
+    assert "^[a-z0-9][a-z0-9_-]*$" in result.output and "'[x]'" in result.output, result.output
+
+
+def stored_run(folder):
+    from gates.record import RunManifest
+    from tests.gates.records import record
+
+    scores = [1.0] * 30 + [0.0] * 30
+    for name, parent in (("baseline", None), ("w", "baseline")):
+        record(name, parent, scores).save(folder / name)
+    RunManifest(candidate="c", stages=["baseline", "w"]).save(folder)
+    return folder
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    ({"schema_version": 3}, "written by a newer quantgate (schema 3, this one reads 1): upgrade"),
+    ({"stages": ["baseline", "../other-run/w"]}, "stage entry '../other-run/w' is not a stage "
+     "folder of this run"),
+])
+def test_gate_refuses_a_manifest_it_cannot_trust_with_exit_2(tmp_path, damage, expected):
+    import json
+
+    stored_run(tmp_path / "other-run")
+    run = stored_run(tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(manifest | damage))
+    result = runner.invoke(app, ["gate", str(run)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output  # never 0 (go) nor 1 (rollback)
+    assert len(error_lines(result)) == 1 and expected in result.output, result.output
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data | {"schema_version": 7},
+    lambda data: {k: v for k, v in data.items() if k != "quality"} | {"quality": "gone"},
+])
+def test_gate_on_an_unknown_or_damaged_stage_is_exit_2(tmp_path, damage):
+    import json
+
+    run = stored_run(tmp_path)
+    path = run / "w" / "stage.json"
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    result = runner.invoke(app, ["gate", str(run)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}:"), result.output
+
+
+def test_gate_report_never_replaces_a_report_unless_forced(tmp_path):
+    run = stored_run(tmp_path / "run")
+    signed = tmp_path / "signed"
+    signed.mkdir()
+    (signed / "report.html").write_text("signed by alice")
+    result = runner.invoke(app, ["gate", str(run), "--report", str(signed)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert error_lines(result) == [f"error: {signed} already holds a report (report.html); choose "
+                                   "a new folder or pass --force to overwrite it"]
+    assert (signed / "report.html").read_text() == "signed by alice"
+    result = runner.invoke(app, ["gate", str(run), "--report", str(signed), "--force"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<html" in (signed / "report.html").read_text().lower()
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("QG_RESULTS_DIR", "{blocker}/runs"),
+    ("QG_REPORTS_DIR", "{blocker}/reports"),
+    ("MLFLOW_TRACKING_URI", "sqlite:///{blocker}/db/mlflow.db"),
+])
+def test_run_refuses_an_unwritable_setting_before_measuring(tmp_path, cpu, monkeypatch, variable,
+                                                            value):
+    cpu(AVX512)
+    emulated_chain(tmp_path)
+    blocker = tmp_path / "a-file"  # a folder under a file: unwritable even for root
+    blocker.write_text("")
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr("flows.acceptance.acceptance", measured)
+    monkeypatch.delenv("QG_MLFLOW_TRACKING_URI", raising=False)
+    result = runner.invoke(app, ["run", str(tmp_path / "spec.yaml")],
+                           env={"COLUMNS": "200", variable: value.format(blocker=blocker)})
+    assert result.exit_code == 2, result.output
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {variable}"), result.output
+    assert f"set {variable} to a writable location" in lines[0]
+
+
+def test_a_crash_says_where_results_are_only_when_there_are_some(tmp_path, monkeypatch, capsys):
+    import flows.cli as cli
+
+    def crash():
+        raise RuntimeError("template [broke]")
+
+    monkeypatch.setattr(cli, "app", crash)
+    monkeypatch.setenv("QG_RESULTS_DIR", str(tmp_path / "runs"))
+    with pytest.raises(SystemExit):
+        cli.main()
+    err = capsys.readouterr().err
+    assert "template [broke]" in err and "kept under" not in err
+    (tmp_path / "runs" / "demo-1").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert f"measured results are kept under {tmp_path / 'runs'}" in capsys.readouterr().err
+
+
+def test_an_environment_oserror_is_one_line_not_a_bug(monkeypatch, capsys):
+    import flows.cli as cli
+
+    def full_disk():
+        raise OSError(28, "No space left on device", "/data/runs/x/stage.json")
+
+    monkeypatch.setattr(cli, "app", full_disk)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "No space left on device (/data/runs/x/stage.json)" in lines[0]
+    assert "not a bug" in lines[0]
