@@ -147,6 +147,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
 
     `reused`: stages restored from the cache in this run (their engines are not up to race).
     """
+    from flows.served import check_served
+
     logger = get_run_logger()
     record = StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
@@ -163,6 +165,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             record.facts = facts
             logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
                         facts.kv_cache_tokens)
+            # What the engine says it serves must be what the axes say, before any measuring.
+            check_served(stage, facts, spec.engine, folder / "engine.log")
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared)
             reference = timed_against(stage, prepared)
             if reference is not None and reference.name in reused and \
@@ -180,6 +184,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                             reference.name)
                 with engine_beside(spec, reference, folder / "reference-engine.log",
                                    REFERENCE_PORT_OFFSET) as reference_facts:
+                    check_served(reference, reference_facts, spec.engine,
+                                 folder / "reference-engine.log")
                     record.load, record.paired_load = measure_paired_load(
                         facts, reference_facts, reference, prepared.profile, folder,
                         plan_for(spec.engine))

@@ -74,7 +74,8 @@ def _compressed_tensors_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
     return "+".join(weights), "+".join(acts), kv_axis
 
 
-def _quantization_config_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
+def checkpoint_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
+    """(weights, activations, kv_cache or None) a checkpoint's quantization_config declares."""
     method = str(qc.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         return _compressed_tensors_axes(qc)
@@ -100,14 +101,14 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
     if qc and emulation:
         raise SpecError("config has both quantization_config and quantgate_emulated; pick one")
     if emulation:
-        weights, activations, kv_cache = _quantization_config_axes(emulation["quantization_config"])
+        weights, activations, kv_cache = checkpoint_axes(emulation["quantization_config"])
         if activations != "none":
             raise SpecError(
                 f"a dequantized checkpoint cannot emulate activation quantization ({activations}); "
                 "serve the real checkpoint"
             )
     elif qc:
-        weights, activations, kv_cache = _quantization_config_axes(qc)
+        weights, activations, kv_cache = checkpoint_axes(qc)
     online = engine_flags.get("quantization")
     if online:
         if qc:

@@ -2,15 +2,87 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from evalsets.spec import EvalSetSpec
+from infra.errors import did_you_mean
 from infra.yamlfile import load_model
 
 STAGE_KINDS = ("weights", "activations", "kv_cache", "control")
+
+_TYPED = " instead (quantgate sets this flag from it; vLLM keeps the last of a repeated flag)"
+_AXIS = "it changes what is served behind the derived axes"
+# vLLM flags refused in extra_args: quantgate sets the first group itself from typed fields (vLLM
+# keeps the last of a repeated flag, so an extra one would silently win), and the second changes
+# the served weights, activations or KV cache where the axes cannot see it. A stage's axes are
+# derived from the typed fields only, so either would serve something other than its label.
+REFUSED_FLAGS: dict[str, str] = {
+    "model": f"use baseline.checkpoint / a stage's checkpoint{_TYPED}",
+    "host": f"use engine.host{_TYPED}",
+    "port": f"use engine.port{_TYPED}",
+    "dtype": f"use engine.dtype{_TYPED}",
+    "max-model-len": f"use engine.max_model_len{_TYPED}",
+    "enforce-eager": f"use engine.enforce_eager{_TYPED}",
+    "gpu-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
+    "device-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
+    "quantization": f"use engine_flags.quantization{_TYPED}",
+    "kv-cache-dtype": f"use engine_flags.kv_cache_dtype{_TYPED}",
+    "quantization-config": f"{_AXIS} (weights, activations); use engine_flags.quantization or "
+                           "a quantized checkpoint",
+    "kv-cache-dtype-skip-layers": f"{_AXIS} (kv_cache of some layers); use "
+                                  "engine_flags.kv_cache_dtype for all layers",
+    "calculate-kv-scales": f"{_AXIS} (kv_cache scales); put the scales in the checkpoint",
+    "hf-overrides": f"{_AXIS} (it can rewrite quantization_config or torch_dtype); edit the "
+                    "checkpoint's config.json",
+    "hf-config-path": f"{_AXIS} (another config.json); edit the checkpoint's config.json",
+    "load-format": f"{_AXIS} ('dummy' serves random weights, 'bitsandbytes' and 'gguf' "
+                   "quantize on load); serve a checkpoint that holds what you mean",
+    "config": "it reads more vLLM options from a file quantgate does not check; list them in "
+              "extra_args",
+}
+SHORT_FLAGS = {"-q": "quantization"}  # vLLM's short aliases of refused flags
+
+
+def refused_flag(arg: str) -> str | None:
+    """Why a vLLM CLI argument is refused in extra_args, or None. Catches `--flag value`,
+    `--flag=value`, `--flag.key=value` (vLLM's JSON keys), underscores for dashes, `--no-flag`,
+    argparse abbreviations (`--max-model`) and short aliases (`-q fp8`, `-qfp8`)."""
+    if arg.startswith("--"):
+        name = re.split(r"[=.]", arg[2:], maxsplit=1)[0].replace("_", "-")
+        if not name:
+            return None
+        if name.startswith("no-") and name[3:] in REFUSED_FLAGS:
+            name = name[3:]
+        # argparse takes any unambiguous prefix of a long flag; an ambiguous one fails anyway.
+        matches = [flag for flag in REFUSED_FLAGS if flag == name] or \
+            [flag for flag in REFUSED_FLAGS if flag.startswith(name)]
+    elif arg.startswith("-"):
+        matches = [long for short, long in SHORT_FLAGS.items() if arg.startswith(short)]
+    else:
+        return None
+    if not matches:
+        return None
+    flag = matches[0]
+    return f"{arg!r} (--{flag}) is not accepted in extra_args: {REFUSED_FLAGS[flag]}"
+
+
+def _check_extra_args(args: list[str]) -> list[str]:
+    problems = [reason for reason in map(refused_flag, args) if reason]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return args
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http(s) URL with a host, e.g. http://10.0.0.5:8000")
+    return url
 
 
 class Strict(BaseModel):
@@ -22,7 +94,11 @@ class EngineFlags(Strict):
 
     kv_cache_dtype: str | None = Field(default=None, description="vLLM --kv-cache-dtype.")
     quantization: str | None = Field(default=None, description="vLLM --quantization (online).")
-    extra_args: list[str] = Field(default_factory=list, description="More vLLM CLI arguments.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
+
+    check_extra_args = field_validator("extra_args")(_check_extra_args)
 
 
 class VllmEngineSpec(Strict):
@@ -41,8 +117,13 @@ class VllmEngineSpec(Strict):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="CUDA only.")
     enforce_eager: bool = Field(default=False, description="Skip compile: faster start, slower decode.")
     max_model_len: int | None = Field(default=4096, ge=16, description="--max-model-len.")
-    dtype: str = Field(default="bfloat16", description="--dtype for unquantized tensors.")
-    extra_args: list[str] = Field(default_factory=list, description="More vLLM CLI arguments.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        default="bfloat16", description="--dtype for unquantized tensors.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
+
+    check_extra_args = field_validator("extra_args")(_check_extra_args)
 
 
 class ExternalEngineSpec(Strict):
@@ -54,6 +135,15 @@ class ExternalEngineSpec(Strict):
         default_factory=dict, description="Per-stage URL overrides, keyed by stage name."
     )
     model: str | None = Field(default=None, description="Served model name; default: the only one.")
+
+    check_url = field_validator("url")(_check_url)
+
+    @field_validator("stage_urls")
+    @classmethod
+    def _check_stage_urls(cls, urls: dict[str, str]) -> dict[str, str]:
+        for url in urls.values():
+            _check_url(url)
+        return urls
 
 
 EngineSpec = Annotated[VllmEngineSpec | ExternalEngineSpec, Field(discriminator="kind")]
@@ -117,6 +207,24 @@ class Spec(Strict):
                     f"valid: {', '.join(sorted(seen))}"
                 )
             seen.add(stage.name)
+        if self.engine.kind == "external":
+            for name in self.engine.stage_urls:
+                if name not in seen:  # it would fall back to `url`: the baseline's own server
+                    raise ValueError(f"engine.stage_urls: {name!r} is not a stage; "
+                                     f"{did_you_mean(name, tuple(seen))}")
+            url = {name: self.engine.stage_urls.get(name, self.engine.url).rstrip("/")
+                   for name in seen}
+            for stage in self.stages:
+                if stage.kind != "control" and url[stage.name] == url[stage.parent]:
+                    raise ValueError(
+                        f"engine.stage_urls: stage {stage.name!r} would be served by its parent "
+                        f"{stage.parent!r}'s own server ({url[stage.name]}) and compared with "
+                        f"itself; give {stage.name!r} its own URL in stage_urls")
+        sets = [evalset.name for evalset in self.evalsets]
+        twice = sorted({name for name in sets if sets.count(name) > 1})
+        if twice:
+            raise ValueError(f"evalsets: {', '.join(map(repr, twice))} listed twice; list each "
+                             "eval set once (the second would overwrite the first's results)")
         return self
 
 

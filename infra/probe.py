@@ -34,3 +34,9 @@ def optional_int(value: str | None) -> int | None:
         return int(float(value)) if value not in (None, "", "None") else None
     except ValueError:
         return None
+
+
+def model_entry(base_url: str, model: str, timeout_s: float = 10.0) -> dict:
+    """The /v1/models entry of `model` (vLLM's has `root`: the path it loaded), or {}."""
+    models = get_json(base_url, "/v1/models", timeout_s).get("data") or []
+    return next((entry for entry in models if entry.get("id") == model), {})

@@ -164,3 +164,70 @@ def test_sets_too_small_for_the_accuracy_gate_are_refused_with_the_items_needed(
     plans = Prepared(enough).power
     assert [p.precision for p in plans] == ["8bit"] and plans[0].power >= 0.8
     assert plans[0].reachable == {"math": 240}
+
+
+@pytest.mark.parametrize(("where", "args", "needle"), [
+    ("engine", ["--quantization", "fp8"], r"'--quantization'.*use engine_flags\.quantization"),
+    ("engine", ["--quantization=fp8"], r"use engine_flags\.quantization"),
+    ("engine", ["-q", "fp8"], r"'-q' \(--quantization\).*engine_flags\.quantization"),
+    ("engine", ["-qfp8"], r"engine_flags\.quantization"),
+    ("engine", ["--kv_cache_dtype=auto"], r"use engine_flags\.kv_cache_dtype"),
+    ("engine", ["--dtype", "float32"], r"use engine\.dtype"),
+    ("engine", ["--max-model", "512"], r"\(--max-model-len\).*use engine\.max_model_len"),
+    ("engine", ["--port=9000"], r"use engine\.port"),
+    ("engine", ["--no-enforce-eager"], r"use engine\.enforce_eager"),
+    ("engine", ["--hf-overrides.quantization_config.bits=4"], r"rewrite quantization_config"),
+    ("engine", ["--load-format", "dummy"], r"random weights"),
+    ("engine", ["--config", "more.yaml"], r"does not check"),
+    ("stage", ["--kv-cache-dtype", "auto"], r"stages\.0\.engine_flags\.extra_args.*"
+                                             r"use engine_flags\.kv_cache_dtype"),
+    ("stage", ["--quantization-config", "{}"], r"use engine_flags\.quantization or a quantized"),
+    ("baseline", ["--quantization", "fp8"], r"baseline\.engine_flags\.extra_args"),
+])
+def test_axis_flags_in_extra_args_are_refused_with_the_typed_field(tmp_path, where, args, needle):
+    models = make_demo_checkpoints(tmp_path / "models")
+    if where == "engine":
+        overrides = {"engine": {"kind": "vllm", "extra_args": args}}
+    elif where == "baseline":
+        overrides = {"baseline": {"checkpoint": str(models["bf16"]),
+                                  "engine_flags": {"extra_args": args}}}
+    else:
+        overrides = {"stages": [{"name": "kv", "kind": "kv_cache",
+                                 "engine_flags": {"kv_cache_dtype": "fp8", "extra_args": args}}]}
+    with pytest.raises(SpecError, match=needle):
+        load_spec(write_spec(tmp_path, **overrides))
+
+
+def test_harmless_extra_args_pass(tmp_path):
+    spec = load_spec(write_spec(tmp_path, engine={
+        "kind": "vllm", "extra_args": ["--max-num-seqs", "8", "--served-model-name", "m"]}))
+    assert spec.engine.extra_args == ["--max-num-seqs", "8", "--served-model-name", "m"]
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ({"engine": {"kind": "external", "url": "http://a:1",
+                 "stage_urls": {"weigths": "http://b:1", "activations": "http://c:1",
+                                "kv": "http://d:1"}}},
+     r"stage_urls: 'weigths' is not a stage; did you mean 'weights'"),
+    ({"engine": {"kind": "external", "url": "http://a:1",
+                 "stage_urls": {"activations": "http://c:1", "kv": "http://d:1"}}},
+     r"stage 'weights' would be served by its parent 'baseline''s own server \(http://a:1\)"),
+    ({"engine": {"kind": "external", "url": "localhost:8000"}},
+     r"field 'engine.external.url'.*not an http\(s\) URL with a host"),
+    ({"engine": {"kind": "external", "url": "http://a:1", "stage_urls": {"weights": "ftp://x"}}},
+     r"'ftp://x' is not an http\(s\) URL"),
+    ({"engine": {"kind": "vllm", "dtype": "float128"}},
+     r"field 'engine.vllm.dtype'.*'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32'"),
+    ({"evalsets": [{"name": "math", "limit": 60}, {"name": "math", "limit": 30}]},
+     r"evalsets: 'math' listed twice"),
+])
+def test_external_urls_dtype_and_repeated_sets_are_refused(tmp_path, overrides, needle):
+    with pytest.raises(SpecError, match=needle):
+        load_spec(write_spec(tmp_path, **overrides))
+
+
+def test_external_stages_each_on_their_own_server_pass(tmp_path):
+    spec = load_spec(write_spec(tmp_path, engine={
+        "kind": "external", "url": "http://a:1",
+        "stage_urls": {"weights": "http://b:1", "activations": "https://c", "kv": "http://d:1/"}}))
+    assert spec.engine.stage_urls["activations"] == "https://c"
