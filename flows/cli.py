@@ -146,11 +146,11 @@ def compare(
     experiment: Annotated[str | None, typer.Option(help="MLflow experiment; default: settings'.")] = None,
 ) -> None:
     """Print candidates side by side from their MLflow runs (what the MLflow compare view shows)."""
-    from flows.settings import Settings
+    from flows.settings import load_settings
     from gates.compare import compare as compare_runs
 
-    settings = Settings()
     try:
+        settings = load_settings()
         table_data = compare_runs(settings.mlflow_tracking_uri,
                                   experiment or settings.mlflow_experiment, candidates or None)
     except QuantgateError as err:
@@ -183,9 +183,12 @@ def serve(
     """Run quantgate as a service until stopped: Prefect deployment, workers, registry intake."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
     from flows.service import run_service
-    from flows.settings import Settings
+    from flows.settings import load_settings
 
-    settings = Settings()
+    try:
+        settings = load_settings()
+    except QuantgateError as err:
+        fail(str(err))
     # Workers run elsewhere (the repo root): hand them absolute folders.
     os.environ["QG_RESULTS_DIR"] = str(settings.results_dir.resolve())
     os.environ["QG_REPORTS_DIR"] = str(settings.reports_dir.resolve())
@@ -209,10 +212,10 @@ def submit(
     from flows.acceptance import Prepared
     from flows.service import submit as queue_run
     from flows.service import use_service
-    from flows.settings import Settings
+    from flows.settings import load_settings
 
     try:
-        use_service(Settings().state_dir)
+        use_service(load_settings().state_dir)
         Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
@@ -225,10 +228,10 @@ def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.
     """Queued, running and finished acceptances on the service, with their verdicts."""
     from flows.service import status as list_runs
     from flows.service import use_service
-    from flows.settings import Settings
+    from flows.settings import load_settings
 
-    settings = Settings()
     try:
+        settings = load_settings()
         address = use_service(settings.state_dir)
         rows = list_runs(address["mlflow_tracking_uri"], settings.mlflow_experiment, limit)
     except QuantgateError as err:
@@ -247,11 +250,11 @@ def _registry_client():
     import mlflow
 
     from flows.service import ServiceError, use_service
-    from flows.settings import Settings
+    from flows.settings import load_settings
 
     with contextlib.suppress(ServiceError):
-        use_service(Settings().state_dir)
-    return mlflow.MlflowClient(Settings().mlflow_tracking_uri)
+        use_service(load_settings().state_dir)
+    return mlflow.MlflowClient(load_settings().mlflow_tracking_uri)  # use_service may set the URI
 
 
 @app.command()

@@ -247,3 +247,11 @@ def test_an_environment_oserror_is_one_line_not_a_bug(monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "No space left on device (/data/runs/x/stage.json)" in lines[0]
     assert "not a bug" in lines[0]
+
+
+def test_a_bad_setting_is_one_line_naming_the_variable():
+    result = runner.invoke(app, ["compare"], env={"QG_NUM_CONCURRENT": "many"})
+    assert result.exit_code == 2, result.output
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("error: invalid setting: QG_NUM_CONCURRENT"), lines
+    assert "'many'" in lines[0]
