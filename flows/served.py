@@ -113,10 +113,13 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
                         "a V1 LLM engine ... with config:'); not measured")
         return problems
     checkpoint = Path(stage.checkpoint).resolve()
+    wrong: dict[str, list[str]] = {}
     for source, model in (("/v1/models", served.model_root), ("its start-up log", config["model"])):
         if model is not None and Path(model).resolve() != checkpoint:
-            problems.append(f"stage {name} serves model {model} ({source}) but its checkpoint "
-                            f"is {checkpoint}")
+            wrong.setdefault(model, []).append(source)
+    for model, sources in wrong.items():
+        problems.append(f"stage {name} serves model {model} ({', '.join(sources)}) but its "
+                        f"checkpoint is {checkpoint}")
     method = _none(config["quantization"])
     weights = _served_weights(stage, method, checkpoint_config)
     if isinstance(weights, str):
