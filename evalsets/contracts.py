@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from evalsets.spec import EvalSetInfo, EvalSetSpec
 from infra.errors import SpecError, did_you_mean
-from infra.yamlfile import load_model
+from infra.yamlfile import StrictLoader, load_model
 
 CONTRACT_FILE = "contract.yaml"
 INSTALL_HINT = "great_expectations is missing: pip install great-expectations"
@@ -77,8 +77,9 @@ class Contract(BaseModel):
         return list(dict.fromkeys([self.id, *self.prompt, *self.reference, *extra]))
 
 
-class _TaskLoader(yaml.SafeLoader):
-    """Reads lm-eval task YAML without lm-eval: `!function x.y` stays the string 'x.y'."""
+class _TaskLoader(StrictLoader):
+    """Reads lm-eval task YAML without lm-eval: `!function x.y` stays the string 'x.y'; a
+    repeated key is an error, as in every YAML file quantgate reads."""
 
 
 _TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))

@@ -128,3 +128,10 @@ def test_unknown_group_is_refused():
         validate_sets([EvalSetSpec(name="long_context", groups=["4kk"])])
     with pytest.raises(SpecError, match="declares no group field"):
         validate_sets([EvalSetSpec(name="math", groups=["a"])])
+
+
+def test_a_repeated_key_in_task_yaml_is_refused(tmp_path):
+    info = _set(tmp_path, [_row("a")], task="task: t\ndoc_to_text: a\ndoc_to_text: b\n"
+                "process_results: !function grading.x\n")
+    with pytest.raises(SpecError, match="duplicate key 'doc_to_text' at line 3"):
+        contracts.read_task_yaml(info)
