@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from infra.errors import QuantgateError
@@ -208,7 +207,7 @@ def status(tracking_uri: str, experiment: str, limit: int = 50) -> list[dict[str
     return rows
 
 
-async def _crash_leftovers(worker_names: list[str]) -> int:
+async def _crash_leftovers() -> int:
     """Runs still RUNNING on our workers once they are gone cannot finish: mark them crashed."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
@@ -231,25 +230,8 @@ async def _crash_leftovers(worker_names: list[str]) -> int:
         return count
 
 
-def crash_leftovers(worker_names: list[str]) -> int:
-    return asyncio.run(_crash_leftovers(worker_names))
-
-
-def wait_for(run_id: str, timeout_s: float) -> str:
-    """Poll a flow run until it is final; its state name."""
-    from prefect.client.orchestration import get_client
-
-    async def state() -> tuple[str, bool]:
-        async with get_client() as client:
-            run = await client.read_flow_run(run_id)
-            return run.state.name, run.state.is_final()
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        name, final = asyncio.run(state())
-        if final or time.monotonic() > deadline:
-            return name
-        time.sleep(2)
+def crash_leftovers() -> int:
+    return asyncio.run(_crash_leftovers())
 
 
 def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> list[str]:
@@ -260,7 +242,6 @@ def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> 
 
     queued = []
     for candidate in poll(client, watched, seen):
-        seen.add(candidate.key)
         try:
             spec = materialize(candidate, specs_dir)
             Prepared(spec)  # a spec that cannot run is an error on the version, not a queued run
@@ -335,7 +316,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
         def stop_workers() -> None:
             for process in processes:
                 stop_process_tree(process)
-            crashed = crash_leftovers(names)
+            crashed = crash_leftovers()
             if crashed:
                 log(f"{crashed} running acceptance(s) marked crashed; submit again to resume")
 

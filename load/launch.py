@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from infra.cores import CorePlan, format_cores
 from infra.errors import MeasurementError
+from infra.vllm_engine import free_port
 from load.profile import LoadProfile
 
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
@@ -42,12 +42,6 @@ def locust_env(
         "QG_RATE": repr(float(rate)),
         "QG_TOTAL_USERS": str(users),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def headless_command(

@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from infra.errors import MeasurementError
-from load.launch import LOCUSTFILE, free_port, locust_env, stop_process, tail
+from infra.vllm_engine import free_port
+from load.launch import LOCUSTFILE, locust_env, stop_process, tail
 from load.profile import load_profile
 
 STARTUP_TIMEOUT_S = 60
