@@ -9,10 +9,13 @@ template variables of `doc_to_text`, the references those of `doc_to_target`.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,10 @@ class Contract(BaseModel):
         default=None, description="Field naming the item's sub-group (QualityItem.group)."
     )
     lengths: LengthRule | None = Field(default=None, description="Token-length bounds per group.")
+    check: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$",
+        description="module.function in the set's folder that reads one data file and raises "
+                    "SpecError naming the line and field of a row its scorer cannot use.")
 
     @model_validator(mode="after")
     def _lengths_need_group(self) -> Contract:
@@ -188,6 +195,10 @@ def _prepared(frame: Any, contract: Contract, path: Path) -> Any:
                         f"{', '.join(contract.fields)})")
     frame = frame.copy()
     frame["__row"] = range(1, len(frame) + 1)
+    # Items pair across stages by str(id): 7 and "7" are the same item, so unique means unique
+    # after str().
+    frame[contract.id] = frame[contract.id].map(
+        lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
     for column in [*contract.prompt, *contract.reference]:
         frame[f"{column}__text"] = frame[column].map(
             lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
@@ -253,6 +264,25 @@ def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
                                 f"{did_you_mean(group, tuple(contract.lengths.bounds))}")
 
 
+def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
+    """The set's own row checker, `module.function` from a file in its folder."""
+    module_name, function = check.split(".")
+    source = folder / f"{module_name}.py"
+    if not source.is_file():
+        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: no {source.name} in the folder")
+    name = f"_quantgate_check_{abs(hash(str(source.resolve())))}"
+    module = sys.modules.get(name)
+    if module is None:
+        loaded = importlib.util.spec_from_file_location(name, source)
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module  # pydantic resolves the module's annotations through it
+        loaded.loader.exec_module(module)
+    if not callable(getattr(module, function, None)):
+        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: {source.name} has no "
+                        f"function {function!r}")
+    return getattr(module, function)
+
+
 def validate_set(spec: EvalSetSpec) -> int:
     """Validate every data file of one set; returns the rows of the spec's groups (its pool)."""
     info = spec.info
@@ -264,6 +294,8 @@ def validate_set(spec: EvalSetSpec) -> int:
         if frame.empty:
             raise SpecError(f"{path}: no rows")
         validate_frame(frame, contract, str(path))
+        if contract.check:
+            row_check(info.folder, contract.check)(path)
         if spec.groups is not None and contract.group in frame.columns:
             frame = frame[frame[contract.group].astype(str).isin(spec.groups)]
         rows += len(frame)

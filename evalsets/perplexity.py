@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from evalsets.token_corpus import ScoredSequence, ScoringCorpus
 from infra.errors import MeasurementError
+from infra.secrets import auth_headers
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 LOGPROBS_FILE = "perplexity_logprobs.json.gz"  # top-20 per position: ~20 MB of JSON, ~5x less gzipped
@@ -172,7 +173,8 @@ def measure_perplexity(
         return {name: scored} if sequence is None else _spans(sequence, scored)
 
     per_text: dict[str, TokenLogprobs] = {}
-    with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
+    client = httpx.Client(timeout=timeout_s, headers=auth_headers())
+    with client, ThreadPoolExecutor(concurrency) as pool:
         for scored in pool.map(score, jobs):  # in corpus order, whatever finishes first
             per_text.update(scored)
 

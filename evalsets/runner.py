@@ -21,6 +21,7 @@ from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
 from infra.errors import MeasurementError, SpecError
+from infra.secrets import auth_headers
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ def check_server(base_url: str, model: str) -> None:
     """Fail fast, in one line, when the server is down or serves another model."""
     url = f"{base_url.rstrip('/')}/v1/models"
     try:
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(url, timeout=10, headers=auth_headers())
         response.raise_for_status()
         served = [entry["id"] for entry in response.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError) as exc:

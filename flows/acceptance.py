@@ -21,7 +21,7 @@ from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
 from flows.plan import Stage, plan
 from flows.service import host_limit
 from flows.settings import Settings
-from flows.spec import Spec, load_spec
+from flows.spec import Spec, engine_api_key, load_spec
 from flows.tracking import Tracker
 from gates.accuracy import PowerPlan, plan_power
 from gates.decide import decide
@@ -33,6 +33,7 @@ from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
+from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
 from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
@@ -46,6 +47,7 @@ class Prepared:
     def __init__(self, spec_path: Path) -> None:
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
+        self.api_key = engine_api_key(self.spec.engine)  # its clients send it; never stored
         self.stages: list[Stage] = plan(self.spec)
         self.pools: dict[str, int] = validate_sets(self.spec.evalsets)
         engine = self.spec.engine
@@ -325,7 +327,7 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
     with tracker.candidate_run(spec.candidate, params, flow_run_tags()):
         if registry_version:
             tag_registry_version(settings, registry_version, "running", results_dir.name)
-        with host_slot():
+        with host_slot(), engine_key(prepared.api_key):
             manifest.host_slot = [utc_now()]
             records = measure_stages(prepared, results_dir, settings, no_cache, manifest, tracker)
             manifest.host_slot.append(utc_now())

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.errors import QuantgateError
+from infra.secrets import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
@@ -33,7 +34,8 @@ QUIET_ENV = {
 
 def fail(message: str) -> None:
     # Messages quote user values ("^[a-z]*$", "[x]"): rich would read brackets as markup tags.
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False,
+                      soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -346,15 +348,15 @@ def main() -> None:
     except OSError as err:
         # A full disk, a folder taken away, a permission: the machine's state, not a bug.
         where = f" ({err.filename})" if err.filename else ""
-        err_console.print(f"[bold red]error:[/] {escape(f'{err.strerror or err}{where}')} (an "
+        err_console.print(f"[bold red]error:[/] {escape(redact(f'{err.strerror or err}{where}'))} (an "
                           f"environment problem, not a bug{escape(_kept_results())})",
                           highlight=False, soft_wrap=True)
         sys.exit(2)
     except Exception as err:  # noqa: BLE001 - the last line of defence of the exit-code contract
         import traceback
 
-        traceback.print_exc()
-        err_console.print(f"[bold red]error:[/] {escape(f'unexpected {type(err).__name__}: {err}')} "
+        sys.stderr.write(redact(traceback.format_exc()))
+        err_console.print(f"[bold red]error:[/] {escape(redact(f'unexpected {type(err).__name__}: {err}'))} "
                           f"(a bug; the traceback is above{escape(_kept_results())})",
                           highlight=False, soft_wrap=True)
         sys.exit(2)

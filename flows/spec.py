@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -10,7 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from evalsets.spec import EvalSetSpec
-from infra.errors import did_you_mean
+from infra.errors import SpecError, did_you_mean
+from infra.secrets import redact, remember, split_api_key
 from infra.yamlfile import load_model
 
 STAGE_KINDS = ("weights", "activations", "kv_cache", "control")
@@ -78,10 +80,22 @@ def _check_extra_args(args: list[str]) -> list[str]:
     return args
 
 
+def _check_stage_args(args: list[str]) -> list[str]:
+    _check_extra_args(args)
+    if split_api_key(args)[1] is not None:
+        raise ValueError("'--api-key' belongs in engine.extra_args (one key for every engine of "
+                         "the run, which quantgate's clients send), not in a stage's engine_flags")
+    return args
+
+
 def _check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url!r} is not an http(s) URL with a host, e.g. http://10.0.0.5:8000")
+        raise ValueError(f"{redact(url)!r} is not an http(s) URL with a host, e.g. "
+                         "http://10.0.0.5:8000")
+    if parts.password is not None:
+        raise ValueError(f"{redact(url)!r} carries a password; give the server's API key through "
+                         "engine.api_key_env instead")
     return url
 
 
@@ -98,7 +112,7 @@ class EngineFlags(Strict):
         default_factory=list,
         description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
 
-    check_extra_args = field_validator("extra_args")(_check_extra_args)
+    check_extra_args = field_validator("extra_args")(_check_stage_args)
 
 
 class VllmEngineSpec(Strict):
@@ -135,6 +149,10 @@ class ExternalEngineSpec(Strict):
         default_factory=dict, description="Per-stage URL overrides, keyed by stage name."
     )
     model: str | None = Field(default=None, description="Served model name; default: the only one.")
+    api_key_env: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable that holds the servers' API key (sent as "
+                    "a Bearer token); never the key itself.")
 
     check_url = field_validator("url")(_check_url)
 
@@ -226,6 +244,21 @@ class Spec(Strict):
             raise ValueError(f"evalsets: {', '.join(map(repr, twice))} listed twice; list each "
                              "eval set once (the second would overwrite the first's results)")
         return self
+
+
+def engine_api_key(engine: VllmEngineSpec | ExternalEngineSpec) -> str | None:
+    """The key quantgate's clients send: vLLM's `--api-key` in engine.extra_args, or an external
+    server's from the environment variable engine.api_key_env names."""
+    if engine.kind == "vllm":
+        return split_api_key(engine.extra_args)[1]
+    if engine.api_key_env is None:
+        return None
+    key = os.environ.get(engine.api_key_env)
+    if not key:
+        raise SpecError(f"engine.api_key_env: environment variable {engine.api_key_env} is not "
+                        "set; export it with the servers' API key")
+    remember(key)
+    return key
 
 
 def load_spec(path: Path) -> Spec:

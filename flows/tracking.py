@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gates.record import StageRecord
 from gates.verdict import Verdict
+from infra.secrets import redact
 
 LOAD_FIGURES = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
@@ -63,6 +64,10 @@ def stage_metrics(record: StageRecord) -> dict[str, float]:
     return metrics
 
 
+def redacted(params: dict[str, str]) -> dict[str, str]:
+    return {name: redact(str(value)) for name, value in params.items()}
+
+
 class Tracker:
     """Owns the MLflow runs of one acceptance; marks them FAILED if the flow breaks."""
 
@@ -80,10 +85,10 @@ class Tracker:
         run = self.mlflow.start_run(run_name=candidate, tags={"candidate": candidate} | (tags or {}))
         self.parent_run_id = run.info.run_id
         try:
-            self.mlflow.log_params(params)
+            self.mlflow.log_params(redacted(params))
             yield run.info.run_id
         except BaseException as err:
-            self.mlflow.set_tag("failure", f"{type(err).__name__}: {err}"[:5000])
+            self.mlflow.set_tag("failure", redact(f"{type(err).__name__}: {err}")[:5000])
             self.mlflow.end_run(status="FAILED")
             raise
         self.mlflow.end_run(status="FINISHED")
@@ -92,10 +97,10 @@ class Tracker:
         tags = {"candidate": candidate, "stage": record.name, "stage_kind": record.kind,
                 "cached": str(cached).lower()}
         with self.mlflow.start_run(run_name=f"{candidate}/{record.name}", nested=True, tags=tags):
-            self.mlflow.log_params(stage_params(record))
+            self.mlflow.log_params(redacted(stage_params(record)))
             self.mlflow.log_metrics(stage_metrics(record))
             if record.error:
-                self.mlflow.set_tag("failure", record.error[:5000])
+                self.mlflow.set_tag("failure", redact(record.error)[:5000])
             if folder.is_dir():
                 self.mlflow.log_artifacts(str(folder), artifact_path="results")
             if record.error:

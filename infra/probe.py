@@ -6,6 +6,8 @@ import re
 
 import httpx
 
+from infra.secrets import auth_headers
+
 CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -18,7 +20,7 @@ def healthy(base_url: str, timeout_s: float = 2.0) -> bool:
 
 
 def get_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict:
-    response = httpx.get(f"{base_url}{path}", timeout=timeout_s)
+    response = httpx.get(f"{base_url}{path}", timeout=timeout_s, headers=auth_headers())
     response.raise_for_status()
     return response.json()
 

@@ -17,6 +17,7 @@ from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError, PortInUseError
 from infra.probe import cache_config, get_json, healthy, optional_int
+from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
 
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # Every engine this process started, in order, as (stage served, log): a run records them.
@@ -46,9 +47,11 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 def build_command(
-    spec, checkpoint: Path, flags, python: str = sys.executable
+    spec, checkpoint: Path, flags, python: str = sys.executable, reveal: bool = False
 ) -> tuple[list[str], dict[str, str]]:
-    """The exact command and engine environment for a stage (no process is started)."""
+    """The exact command and engine environment for a stage (no process is started). An
+    `--api-key` goes to vLLM as VLLM_API_KEY (not in the command line or its start-up log), shown
+    as MASK unless `reveal`; any other credential-like flag's value is masked unless `reveal`."""
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
     command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
     if spec.max_model_len:
@@ -59,8 +62,11 @@ def build_command(
         command += ["--kv-cache-dtype", flags.kv_cache_dtype]
     if flags.quantization:
         command += ["--quantization", flags.quantization]
-    command += list(spec.extra_args) + list(flags.extra_args)
+    extra, api_key = split_api_key(list(spec.extra_args) + list(flags.extra_args))
+    command += extra if reveal else redact_args(extra)
     env = dict(QUIET_ENV)
+    if api_key:
+        env[ENGINE_KEY_ENV] = api_key if reveal else MASK
     if spec.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
@@ -93,7 +99,7 @@ class VllmEngine(Engine):
                 f"port {self.spec.port} on {self.spec.host} is already in use; "
                 "stop what holds it or set engine.port in the spec"
             )
-        command, env = build_command(self.spec, self.checkpoint, self.flags)
+        command, env = build_command(self.spec, self.checkpoint, self.flags, reveal=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         STARTED.append((self.stage, self.log_path))
         started = time.monotonic()
@@ -106,7 +112,7 @@ class VllmEngine(Engine):
                 start_new_session=True,
             )
         self._wait_healthy(started)
-        facts = self._facts(command, env)
+        facts = self._facts(*build_command(self.spec, self.checkpoint, self.flags))
         facts.startup_s = round(time.monotonic() - started, 1)
         return facts
 

@@ -135,3 +135,29 @@ def test_a_repeated_key_in_task_yaml_is_refused(tmp_path):
                 "process_results: !function grading.x\n")
     with pytest.raises(SpecError, match="duplicate key 'doc_to_text' at line 3"):
         contracts.read_task_yaml(info)
+
+
+def test_ids_are_unique_as_the_pairing_compares_them(tmp_path):
+    info = _set(tmp_path, [_row(7), _row("7")])
+    with pytest.raises(SpecError, match=r"row 1 \(id '7'.*broke rule 'id' is unique"):
+        _validate(info)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"scorer": "fuzzy"}, r"data.jsonl:1: scorer: .*scorers: exact, contains, json"),
+    ({"scorer": "json", "reference": "{\"a\": 1}", "schema": "{\"type\": \"objekt\"}"},
+     r"data.jsonl:1: .*invalid JSON Schema"),
+])
+def test_business_rows_their_scorer_cannot_use_fail_validation(tmp_path, monkeypatch, changes,
+                                                               expected):
+    import shutil
+
+    shipped = EvalSetSpec(name="business").info.folder
+    folder = tmp_path / "business"
+    shutil.copytree(shipped, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    lines = (folder / "data.jsonl").read_text().splitlines()
+    row = json.loads(lines[0]) | changes
+    (folder / "data.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    monkeypatch.setattr(EvalSetSpec, "info", property(lambda self: EvalSetInfo("business", folder)))
+    with pytest.raises(SpecError, match=expected):
+        contracts.validate_set(EvalSetSpec(name="business"))

@@ -1,0 +1,124 @@
+"""Credentials stay out of everything quantgate writes: redaction and the engine's API key.
+
+A secret is whatever a credential-like flag (`--api-key`, `--hf-token`, `--password` …) or setting
+(an environment variable named like a key, token, secret or password; the password of a URI)
+carries. `redact` replaces every one it can see, and every value `remember` was told about, with
+MASK in any text; `redact_args` does it to a command line. The engine's API key reaches the
+clients (lm-eval, the perplexity and probe requests, the Locust process) through OPENAI_API_KEY,
+the variable lm-eval's OpenAI-compatible models read, and reaches vLLM through VLLM_API_KEY, so
+neither the command line nor vLLM's start-up log ever holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+MASK = "<redacted>"
+CLIENT_KEY_ENV = "OPENAI_API_KEY"  # lm-eval's local-(chat-)completions send it as a Bearer token
+ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM serve reads it when --api-key is not given
+# Environment variable names: HF_TOKEN, QG_WEBHOOK_SECRET, MLFLOW_TRACKING_PASSWORD, VLLM_API_KEY,
+# but not TOKENIZERS_PARALLELISM.
+_SECRET_NAME = re.compile(r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)", re.IGNORECASE)
+_SECRET_FLAG = re.compile(r"^--?([\w-]*(api[-_]?key|token|secret|passw(or)?d|credential)[\w-]*)"
+                          r"(=(.*))?$", re.IGNORECASE)
+# user:password@ in any URI (http, postgresql, mysql …); the user name stays, the password goes.
+_URI_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)@",
+                           re.IGNORECASE)
+# key=value, key: value, "key": "value" where the key names a credential.
+_KEY_VALUE = re.compile(
+    r"""(?P<key>["']?[\w.-]*(api[-_]?key|token|secret|passw(or)?d)["']?\s*[=:]\s*)"""
+    r"""(?P<quote>["']?)(?P<value>[^\s"',;&}\]]+)""", re.IGNORECASE)
+_MIN_SECRET = 6  # shorter values would mask ordinary words
+_remembered: set[str] = set()
+
+
+def remember(value: str | None) -> None:
+    """Mask this value wherever it appears from now on in this process."""
+    if value and len(value) >= _MIN_SECRET and value != MASK:
+        _remembered.add(value)
+
+
+def secret_values() -> set[str]:
+    """Values remembered plus those of credential-like environment variables."""
+    found = {value for name, value in os.environ.items()
+             if _SECRET_NAME.search(name) and len(value) >= _MIN_SECRET and value != MASK}
+    return _remembered | found
+
+
+def redact(text: str) -> str:
+    """`text` with every credential it shows replaced by MASK."""
+    if not text:
+        return text
+    text = _URI_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
+    text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['quote']}{MASK}", text)
+    for value in sorted(secret_values(), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+def is_secret_flag(arg: str) -> bool:
+    return bool(_SECRET_FLAG.match(arg))
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """A command line with the value of every credential-like flag masked."""
+    out: list[str] = []
+    masking_next = False
+    for arg in args:
+        if masking_next and not arg.startswith("--"):
+            out.append(MASK)
+            masking_next = False
+            continue
+        masking_next = False
+        match = _SECRET_FLAG.match(arg)
+        if match and match.group(5) is not None:
+            out.append(f"{arg[:match.start(5)]}{MASK}")
+        elif match:
+            out.append(arg)
+            masking_next = True
+        else:
+            out.append(redact(arg))
+    return out
+
+
+def split_api_key(args: list[str]) -> tuple[list[str], str | None]:
+    """Take vLLM's `--api-key KEY` / `--api-key=KEY` out of a command line: (the rest, KEY)."""
+    rest: list[str] = []
+    key: str | None = None
+    items = iter(args)
+    for arg in items:
+        if arg == "--api-key" or arg == "--api_key":
+            key = next(items, None)
+        elif arg.startswith(("--api-key=", "--api_key=")):
+            key = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    remember(key)
+    return rest, key
+
+
+def auth_headers() -> dict[str, str]:
+    """The Bearer header quantgate's own clients send to the engine, if it has a key."""
+    key = os.environ.get(CLIENT_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@contextmanager
+def engine_key(key: str | None) -> Iterator[None]:
+    """Clients in this process and its children authenticate with `key` (none: unchanged)."""
+    if not key:
+        yield
+        return
+    remember(key)
+    before = os.environ.get(CLIENT_KEY_ENV)
+    os.environ[CLIENT_KEY_ENV] = key
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CLIENT_KEY_ENV, None)
+        else:
+            os.environ[CLIENT_KEY_ENV] = before
