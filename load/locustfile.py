@@ -50,12 +50,16 @@ SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
 SAMPLE_MESSAGE = "qg_sample"
 # A pause after a failed request, so a dead server is not hammered in a tight loop.
 ERROR_BACKOFF_S = 0.1
+JSON_HEADERS = {"Content-Type": "application/json"}
+# A chunk that carries no token: vLLM's final usage chunk (compact JSON) or one written with
+# spaces. Inside a JSON string these quotes would be escaped, so a token's text cannot match.
+NO_CHOICES = (b'"choices":[]', b'"choices": []')
 
 _user_numbers = itertools.count()
 _tickets = itertools.count()
 _finished = itertools.count(1)
 _write_lock = threading.Lock()
-_state: dict = {"environment": None, "arrivals": None}
+_state: dict = {"environment": None, "arrivals": None, "samples": None}
 
 
 class Arrivals:
@@ -81,8 +85,12 @@ def _write_line(sample: dict) -> None:
     if not SAMPLES_FILE:
         return
     line = json.dumps(sample) + "\n"
-    with _write_lock, open(SAMPLES_FILE, "a", encoding="utf-8") as handle:
-        handle.write(line)
+    with _write_lock:
+        # One handle for the run, flushed per line: a killed run keeps every sample written.
+        if _state["samples"] is None:
+            _state["samples"] = open(SAMPLES_FILE, "a", encoding="utf-8")  # noqa: SIM115
+        _state["samples"].write(line)
+        _state["samples"].flush()
 
 
 def _record(sample: dict) -> None:
@@ -201,7 +209,9 @@ class CompletionsUser(FastHttpUser):
             gevent.sleep(ERROR_BACKOFF_S)
 
     def _one_request(self) -> dict:
-        body = {
+        # Serialized before the clock starts: the JSON encoding is the client's work, not the
+        # server's (vLLM's client encodes inside its clock; this only narrows the gap).
+        body = json.dumps({
             "model": MODEL,
             "prompt": self._prompt(),
             "max_tokens": OUTPUT_TOKENS,
@@ -209,91 +219,135 @@ class CompletionsUser(FastHttpUser):
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
-        }
+        }).encode()
         start_s = time.time()
         start = time.perf_counter()
-        ttft_ms = None
-        gaps_ms: list[float] = []
-        chunks = 0
-        usage_tokens = None
-        error = None
-        last = start
+        stream = StreamTimes(start)
         with self.client.post(
-            "/v1/completions", json=body, stream=True, catch_response=True, name="/v1/completions"
+            "/v1/completions", data=body, headers=JSON_HEADERS, stream=True, catch_response=True,
+            name="/v1/completions",
         ) as resp:
             try:
                 with gevent.Timeout(TIMEOUT_S, TimeoutError(f"no complete answer in {TIMEOUT_S}s")):
                     if getattr(resp, "error", None) is not None and not resp.status_code:
-                        error = f"{type(resp.error).__name__}: {resp.error}"
+                        stream.error = f"{type(resp.error).__name__}: {resp.error}"
                     elif resp.status_code != 200:
-                        error = f"HTTP {resp.status_code}: {_body_head(resp)}"
+                        stream.error = f"HTTP {resp.status_code}: {_body_head(resp)}"
                     else:
-                        # Line by line: a sized read would wait for bytes and smear TTFT.
-                        raw = resp._response
-                        done = False
-                        while True:
-                            line = raw.readline(b"\n")
-                            if not line:
-                                break
-                            line = line.strip()
-                            if not line.startswith(b"data:"):
-                                continue
-                            data = line[5:].strip()
-                            if data == b"[DONE]":
-                                raw.read()  # the chunked terminator: frees the connection for reuse
-                                done = True
-                                break
-                            event = json.loads(data)
-                            if "error" in event and not event.get("choices"):
-                                error = f"stream error: {event['error']}"
-                                break
-                            if event.get("usage"):
-                                usage_tokens = event["usage"].get("completion_tokens")
-                            if event.get("choices"):
-                                now = time.perf_counter()
-                                if ttft_ms is None:
-                                    ttft_ms = (now - start) * 1000
-                                else:
-                                    gaps_ms.append((now - last) * 1000)
-                                last = now
-                                chunks += 1
-                        if error is None and ttft_ms is None:
-                            error = "stream ended without a token"
-                        elif error is None and not done:
-                            # An engine that dies mid-answer: a cut stream is a failure, not a
-                            # short answer.
-                            error = f"stream cut after {chunks} tokens (no [DONE])"
+                        read_stream(resp._response, stream)
+                        if stream.done:
+                            resp._response.read()  # the chunked terminator: the connection is reused
+                        else:  # a half-read connection must never go back to the pool
                             _discard_connection(resp)
             except Exception as exc:  # every failure becomes a recorded sample, never a crash
-                error = f"{type(exc).__name__}: {exc}"
+                stream.error = f"{type(exc).__name__}: {exc}"
                 _discard_connection(resp)
-            e2e_ms = (time.perf_counter() - start) * 1000
-            output_tokens = usage_tokens if usage_tokens is not None else chunks
+            if stream.end is None:
+                stream.end = time.perf_counter()
+            sample = stream.sample(start_s)
             # Locust's own statistics (CSV, HTML) show end-to-end time per request.
-            resp.request_meta["response_time"] = e2e_ms
-            resp.request_meta["response_length"] = output_tokens
-            if error:
-                resp.failure(error)
+            resp.request_meta["response_time"] = (stream.end - start) * 1000
+            resp.request_meta["response_length"] = sample["output_tokens"]
+            if sample["error"]:
+                resp.failure(sample["error"])
             else:
                 resp.success()
-        if ttft_ms is not None:
+        if sample["ttft_ms"] is not None:
             self.environment.events.request.fire(
                 request_type="TTFT",
                 name="/v1/completions",
-                response_time=ttft_ms,
+                response_time=sample["ttft_ms"],
                 response_length=0,
                 exception=None,
                 context={},
             )
+        return sample
+
+
+
+class StreamTimes:
+    """Timestamps of one SSE stream, taken as each line leaves the socket buffer.
+
+    Definitions as in `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py): the
+    clock starts before the request is sent; a token is a chunk with non-empty `choices`;
+    TTFT ends at the first one, inter-token gaps run between consecutive ones; the token count
+    is the final usage chunk's completion_tokens (chunks counted when the server sends none).
+    The end is the [DONE] line, which vLLM sends right after the last token and the usage.
+    """
+
+    __slots__ = ("start", "first", "last", "end", "gaps_ms", "chunks", "usage_tokens", "error",
+                 "done")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.first: float | None = None
+        self.last = start
+        self.end: float | None = None
+        self.gaps_ms: list[float] = []
+        self.chunks = 0
+        self.usage_tokens: int | None = None
+        self.error: str | None = None
+        self.done = False
+
+    def token(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps_ms.append((now - self.last) * 1000)
+        self.last = now
+        self.chunks += 1
+
+    def sample(self, start_s: float) -> dict:
+        ttft_ms = None if self.first is None else (self.first - self.start) * 1000
+        e2e_ms = (self.end - self.start) * 1000
         return {
             "start_s": start_s,
             "end_s": start_s + e2e_ms / 1000,
             "ttft_ms": ttft_ms,
-            "e2e_ms": None if error else e2e_ms,
-            "output_tokens": output_tokens,
-            "itl_ms": gaps_ms,
-            "error": error,
+            "e2e_ms": None if self.error else e2e_ms,
+            "output_tokens": self.usage_tokens if self.usage_tokens is not None else self.chunks,
+            "itl_ms": self.gaps_ms,
+            "error": self.error,
         }
+
+
+def read_stream(raw, times: StreamTimes) -> None:
+    """Read an SSE body line by line into `times` (a sized read would wait for bytes and smear TTFT).
+
+    Token chunks are only recognised, never parsed: JSON is decoded for the few lines that
+    are not tokens (usage, errors).
+    """
+    clock = time.perf_counter
+    readline = raw.readline
+    while True:
+        line = readline(b"\n")
+        now = clock()
+        if not line:
+            break
+        if line[:5] != b"data:":
+            continue
+        data = line[5:].strip()
+        if data[:1] == b"{" and b'"choices":' in data and not any(m in data for m in NO_CHOICES):
+            times.token(now)
+            continue
+        if data == b"[DONE]":
+            times.end = now
+            times.done = True
+            break
+        event = json.loads(data)
+        if event.get("usage"):
+            times.usage_tokens = event["usage"].get("completion_tokens")
+        if event.get("choices"):  # a token chunk written some other way
+            times.token(now)
+        elif "error" in event or event.get("object") == "error":
+            times.error = f"stream error: {event.get('error', event)}"
+            times.end = now
+            return
+    if times.first is None:
+        times.error = "stream ended without a token"
+    elif not times.done:
+        # An engine that dies mid-answer: a cut stream is a failure, not a short answer.
+        times.error = f"stream cut after {times.chunks} tokens (no [DONE])"
 
 
 def _body_head(resp) -> str:
