@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"python of the llmcompressor venv (default: ${LLMCOMPRESSOR_PYTHON_ENV} or "
         f"{DEFAULT_LLMCOMPRESSOR_PYTHON})",
     )
-    parser.add_argument("--baseline-only", action="store_true", help="skip the candidates")
+    parser.add_argument("--baseline-only", action="store_true", help="skip the default candidates")
     parser.add_argument(
         "--formats",
         nargs="+",

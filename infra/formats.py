@@ -115,7 +115,12 @@ def layers_left_unquantized(in_features: Mapping[str, int], group_size: int | No
 def calibration_files(repo: Path) -> list[Path]:
     """The repo's own prose (README and design notes), never the eval sets' items that the gates score."""
     found = [repo / "README.md", *repo.glob("*/*.md"), *repo.glob("evalsets/*/README.md")]
-    return sorted({p for p in found if p.is_file() and p.parts[len(repo.parts)] != "models"})
+    top = len(repo.parts)  # skip models/ (model cards) and hidden folders (.venv*, .pytest_cache)
+    return sorted({p for p in found if p.is_file() and not _skipped(p.parts[top])})
+
+
+def _skipped(folder: str) -> bool:
+    return folder == "models" or folder.startswith(".")
 
 
 def bitwise_mismatches(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:

@@ -112,7 +112,9 @@ def test_calibration_text_is_the_repos_prose_not_the_scored_eval_items() -> None
     files = calibration_files(REPO)
     assert REPO / "README.md" in files
     assert all(f.suffix == ".md" for f in files)
-    assert not any("models" in f.relative_to(REPO).parts for f in files)
+    assert not any(
+        part == "models" or part.startswith(".") for f in files for part in f.relative_to(REPO).parts
+    )
     assert sum(len(f.read_text()) for f in files) > 20_000  # enough for 64 windows of 256 tokens
 
 
