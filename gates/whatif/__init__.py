@@ -1,0 +1,168 @@
+"""Capacity what-if: predicted latency and SLO capacity of each stage on target GPUs.
+
+From the model shape in config.json and each stage's axes, a roofline gives the time of one
+engine step, and a discrete-event model of vLLM's scheduler (token budget, running-sequence
+limit, chunked prefill, KV block pool, preemption) serves seeded Poisson arrivals through it.
+Every figure is a prediction, labelled with its source.
+
+Step times come from the roofline only, not from aiconfigurator's measured tables. Checked with
+aiconfigurator-core 0.12.0 (PyPI wheel, 82 MB, a Rust extension plus parquet tables):
+
+- its vLLM GEMM tables for H100 / H200 (vLLM 0.24.0) hold bfloat16, fp8 and fp8_block only, and
+  for A100 (vLLM 0.14.0) bfloat16 only: no int4 weight-only (W4A16) kernels, so a W4A16 stage,
+  one of the formats this what-if exists for, would fall back to the roofline anyway (int4_wo is
+  measured for TensorRT-LLM on A100 only);
+- Qwen2.5-7B's MLP widths (18,944; 37,888 fused) are off its (m, n, k) grid, so every MLP GEMM
+  would be an interpolation;
+- using it means a new 82 MB dependency in the project environment (or a second environment and
+  a subprocess per prediction) for a table lookup that the roofline, with two stated
+  efficiencies, already matches to within 10 % on the published H100 table.
+
+Its H100 system file agrees with gpus.yaml on peaks and uses 0.8 of bandwidth; gpus.yaml's
+efficiencies are in the same range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gates.whatif.hardware import Device, device, load_devices
+from gates.whatif.scheduler import SchedulerConfig, kv_pool_blocks
+from gates.whatif.search import SimSettings, Workload, at_rate, capacity, low_load
+from gates.whatif.shape import ModelShape, stage_format
+from gates.whatif.steptime import Roofline
+from load.profile import LoadProfile, Slo
+
+__all__ = [
+    "SchedulerConfig",
+    "SimSettings",
+    "Workload",
+    "load_devices",
+    "markdown",
+    "whatif_table",
+    "workload_from_profile",
+]
+
+LABEL = "prediction"
+
+
+def workload_from_profile(profile: LoadProfile) -> Workload:
+    """The load profile's request sizes, SLO and target (default SLO: TTFT 1 s, TPOT 40 ms)."""
+    slo = profile.slo or Slo(ttft_ms=1000.0, tpot_ms=40.0)
+    return Workload(
+        prompt_tokens=profile.prompt_tokens,
+        output_tokens=profile.output_tokens,
+        slo=slo,
+        target=profile.capacity.target,
+    )
+
+
+def _named(stages: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]) -> dict[str, dict]:
+    if isinstance(stages, Mapping):
+        return {str(name): dict(axes) for name, axes in stages.items()}
+    named = {}
+    for index, axes in enumerate(stages):
+        name = str(axes.get("name") or f"stage{index}")
+        named[name] = {key: value for key, value in axes.items() if key != "name"}
+    return named
+
+
+def predict_stage(
+    shape: ModelShape,
+    axes: Mapping[str, Any],
+    target: Device,
+    workload: Workload,
+    scheduler: SchedulerConfig | None = None,
+    settings: SimSettings | None = None,
+) -> dict[str, Any]:
+    """One row of the table: one stage on one device."""
+    scheduler = scheduler or SchedulerConfig()
+    fmt = stage_format(dict(axes), shape)
+    roofline = Roofline(shape, fmt, target)
+    ttft, tpot = low_load(roofline, scheduler, workload)
+    rate, how, _ = capacity(roofline, scheduler, workload, settings)
+    at = at_rate(roofline, scheduler, workload, rate, settings) if rate else None
+    note = fmt.note
+    if roofline.matmul_dtype != fmt.compute_dtype:
+        note += f" ({target.key} has no {fmt.compute_dtype}: matmuls in {roofline.matmul_dtype})"
+    return {
+        "gpu": target.key,
+        "weights_gib": fmt.resident_weight_bytes(shape) / 2**30,
+        "kv_pool_tokens": kv_pool_blocks(roofline, scheduler) * scheduler.block_size,
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "capacity_rps": rate,
+        "ttft_p99_ms": at.ttft_p99_ms if at else None,
+        "tpot_p99_ms": at.tpot_p99_ms if at else None,
+        "search": how,
+        "format": note,
+        "source": roofline.source,
+        "label": LABEL,
+    }
+
+
+def whatif_table(
+    config_json: Mapping[str, Any],
+    stages: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+    gpus: Sequence[str | Device],
+    workload: Workload,
+    scheduler: SchedulerConfig | None = None,
+    settings: SimSettings | None = None,
+) -> pd.DataFrame:
+    """Predicted low-load TTFT / TPOT and SLO capacity, one row per (stage, GPU).
+
+    config_json: the checkpoint's config.json as a dict (the model shape).
+    stages: stage name -> axes (flows.axes.Axes.model_dump(): weights, activations, kv_cache),
+      or a list of such dicts with a 'name' key.
+    gpus: keys of gpus.yaml ('a100-80g', 'h100-sxm', 'h200', 'b200', 'l40s') or Device objects
+      (e.g. a calibrated CPU from gates.whatif.calibrate).
+    workload: request sizes and SLO; `workload_from_profile(load_profile)` makes one.
+    Columns: stage, gpu, weights_gib, kv_pool_tokens, ttft_ms, tpot_ms (low load), capacity_rps
+    (max Poisson rate meeting the SLO for `target` of requests; None when even the lowest rate
+    tried fails), ttft_p99_ms, tpot_p99_ms (at that rate), search, format, source, label.
+    """
+    scheduler = scheduler or SchedulerConfig()
+    shape = ModelShape.from_config(dict(config_json))
+    targets = [device(gpu) if isinstance(gpu, str) else gpu for gpu in gpus]
+    rows = [
+        {"stage": name, **predict_stage(shape, axes, target, workload, scheduler, settings)}
+        for name, axes in _named(stages).items()
+        for target in targets
+    ]
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame, workload: Workload) -> str:
+    """The table as Markdown, headed by what it assumes and that it is a prediction."""
+    slo = workload.slo
+    bounds = " and ".join(
+        text for text in (
+            f"TTFT ≤ {slo.ttft_ms:g} ms" if slo.ttft_ms else "",
+            f"TPOT ≤ {slo.tpot_ms:g} ms" if slo.tpot_ms else "",
+        ) if text
+    )
+    lines = [
+        f"**Prediction, not a measurement.** {workload.prompt_tokens} prompt / "
+        f"{workload.output_tokens} output tokens; capacity = highest Poisson rate at which "
+        f"{workload.target:.0%} of requests meet {bounds}.",
+        "",
+        "| stage | GPU | low-load TTFT ms | low-load TPOT ms | capacity req/s "
+        "| p99 TTFT / TPOT ms at capacity | weights GiB | format |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def number(value: Any, digits: str = ".1f") -> str:
+        return "—" if value is None or pd.isna(value) else format(value, digits)
+
+    for row in table.itertuples():
+        lines.append(
+            f"| {row.stage} | {row.gpu} | {number(row.ttft_ms)} | {number(row.tpot_ms, '.2f')} "
+            f"| {number(row.capacity_rps)} | {number(row.ttft_p99_ms, '.0f')} / "
+            f"{number(row.tpot_p99_ms)} | {number(row.weights_gib)} | {row.format} |"
+        )
+    sources = sorted(set(table["source"])) if len(table) else []
+    lines += ["", *(f"Source: {source}." for source in sources)]
+    return "\n".join(lines)
