@@ -231,7 +231,10 @@ def validate_frame(frame: Any, contract: Contract, source: str) -> None:
         import great_expectations as gx
     except ImportError as exc:
         raise SpecError(INSTALL_HINT) from exc
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    # Its modules set their own INFO level ("Created temporary directory … for ephemeral docs").
+    for name in [*logging.root.manager.loggerDict, "great_expectations"]:
+        if name.startswith("great_expectations"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     frame = _prepared(frame, contract, Path(source))
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = {"globally": False, "metric_calculations": False}
@@ -307,6 +310,37 @@ def validate_sets(sets: list[EvalSetSpec]) -> dict[str, int]:
 
     Returns the items each set can draw on (its pool), by name."""
     return {spec.name: validate_set(spec) for spec in sets}
+
+
+def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
+                      tokenizer_json: Path) -> None:
+    """Every item of a set without length bounds fits the served context: its prompt fields'
+    tokens (a lower bound of the prompt) plus the chat template and the generation budget."""
+    if max_model_len is None or not tokenizer_json.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    for spec in sets:
+        contract = load_contract(spec.info)
+        if contract.lengths is not None:  # checked per group by fit_to_context
+            continue
+        budget = spec.max_gen_toks or int(
+            (read_task_yaml(spec.info).get("generation_kwargs") or {}).get("max_gen_toks", 256))
+        for path in data_files(spec.info):
+            frame = _read_rows(path)
+            texts = frame[contract.prompt].astype(str).agg("\n\n".join, axis=1).tolist()
+            counts = [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+            longest = max(range(len(counts)), key=counts.__getitem__, default=None)
+            if longest is None:
+                continue
+            needed = counts[longest] + TEMPLATE_MARGIN_TOKENS + budget
+            if needed > max_model_len:
+                raise SpecError(
+                    f"eval set {spec.name!r}: item {str(frame[contract.id].iloc[longest])!r} "
+                    f"({path.name} row {longest + 1}) needs {needed} tokens ({counts[longest]} "
+                    f"prompt + {TEMPLATE_MARGIN_TOKENS} template + {budget} generated) but "
+                    f"engine.max_model_len is {max_model_len}; raise it to at least {needed}")
 
 
 def fit_to_context(sets: list[EvalSetSpec], max_model_len: int | None) -> list[EvalSetSpec]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evalsets.contracts import fit_to_context, validate_sets
+from evalsets.contracts import check_prompts_fit, fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
@@ -29,6 +29,7 @@ from gates.policy import GatePolicy, load_policy, precision_class, save_run_poli
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
 from gates.verdict import Verdict
+from infra.checkpoint import check_tokenizer
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -53,6 +54,10 @@ class Prepared:
         engine = self.spec.engine
         if engine.kind == "vllm":
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
+            for checkpoint in dict.fromkeys(stage.checkpoint for stage in self.stages):
+                check_tokenizer(checkpoint)
+            check_prompts_fit(self.spec.evalsets, engine.max_model_len,
+                              self.spec.baseline.checkpoint / "tokenizer.json")
             if engine.device == "cpu":
                 flags = cpu_flags()
                 for stage in self.stages:

@@ -130,5 +130,9 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
         )
     kv_axis = KV_CACHE_DTYPES[kv_flag]
     if kv_axis == "auto" and kv_cache:
-        kv_axis = kv_cache
+        # vLLM loads the scales but keeps the model dtype for the cache unless told otherwise.
+        raise SpecError(
+            f"the checkpoint declares a quantized KV cache ({kv_cache}, kv_cache_scheme) but "
+            "kv_cache_dtype is auto, which vLLM serves in the model dtype; set "
+            "engine_flags.kv_cache_dtype (fp8) on this stage")
     return Axes(weights=weights, activations=activations, kv_cache=kv_axis, emulated=bool(emulation))

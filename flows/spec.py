@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from evalsets.spec import EvalSetSpec
 from infra.errors import SpecError, did_you_mean
@@ -164,7 +173,16 @@ class ExternalEngineSpec(Strict):
         return urls
 
 
-EngineSpec = Annotated[VllmEngineSpec | ExternalEngineSpec, Field(discriminator="kind")]
+def _engine_kind(value: object) -> str | None:
+    """An engine without `kind` is the default, vLLM started by quantgate."""
+    if isinstance(value, dict):
+        return value.get("kind", "vllm")
+    return getattr(value, "kind", None)
+
+
+EngineSpec = Annotated[Annotated[VllmEngineSpec, Tag("vllm")]
+                       | Annotated[ExternalEngineSpec, Tag("external")],
+                       Discriminator(_engine_kind)]
 
 
 def _resolve(path: Path | None, info: ValidationInfo) -> Path | None:

@@ -9,6 +9,7 @@ from typing import Any
 from infra.errors import CheckpointError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # fast, sentencepiece, BPE
 
 
 def read_config(checkpoint: Path) -> dict[str, Any]:
@@ -24,11 +25,24 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_path} is not valid JSON: {err}") from err
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{config_path} is not UTF-8 text: {err.reason}") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is not a model config: a JSON "
+                              f"{type(config).__name__}, not an object")
     if "model_type" not in config and "architectures" not in config:
         raise CheckpointError(f"{config_path} is not a model config: no model_type or architectures")
     if not any(path.suffix in WEIGHT_SUFFIXES for path in checkpoint.iterdir()):
         raise CheckpointError(f"checkpoint {checkpoint} is not a model: no weight files")
     return config
+
+
+def check_tokenizer(checkpoint: Path) -> None:
+    """The engine loads the tokenizer from the checkpoint: it must ship one."""
+    if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"checkpoint {checkpoint} has no tokenizer (none of "
+                              f"{', '.join(TOKENIZER_FILES)}); copy the base model's tokenizer "
+                              "files into it")
 
 
 def weight_bytes(checkpoint: Path) -> int:

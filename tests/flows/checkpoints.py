@@ -39,6 +39,7 @@ def make_checkpoint(folder: Path, quantization_config: dict | None = None) -> Pa
         config["quantization_config"] = quantization_config
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    (folder / "vocab.json").write_text("{}")  # a tokenizer file: the engine needs one
     return folder
 
 

@@ -21,7 +21,7 @@ from flows.plan import Stage
 from flows.served import Served, ServedMismatchError, check_served, engine_config, mismatches
 from flows.spec import EngineFlags, ExternalEngineSpec
 from infra.engine import EngineFacts
-from infra.errors import MeasurementError
+from infra.errors import MeasurementError, SpecError
 from infra.probe import cache_config
 from tests.fake_openai import FakeOpenAI, _Handler
 from tests.flows.checkpoints import W8A8, W8A16, compressed_tensors, emulated, int_args
@@ -130,13 +130,13 @@ def test_random_weights_are_caught():
     assert problems == ["stage s loads its weights with load_format dummy, not the checkpoint's own"]
 
 
-def test_a_checkpoint_kv_scheme_vllm_does_not_apply_is_caught():
+def test_a_checkpoint_kv_scheme_vllm_does_not_apply_is_refused_at_plan_time():
     # compressed-tensors' kv_cache_scheme with --kv-cache-dtype auto: vLLM 0.32 keeps a bf16 cache.
     scheme = dict(compressed_tensors(int_args(8, "channel"), int_args(8, "token", dynamic=True)),
                   kv_cache_scheme={"type": "float", "num_bits": 8, "strategy": "tensor"})
-    config = {"quantization_config": scheme}
-    problems = mismatches(stage("smollm2-135m-w8a8", config), served("w8a8"), config)
-    assert problems == ["stage s serves kv_cache auto but its axes say float8/static"]
+    with pytest.raises(SpecError, match="kv_cache_dtype is auto.*set engine_flags.kv_cache_dtype"):
+        derive_axes({"quantization_config": scheme}, {})
+    assert derive_axes({"quantization_config": scheme}, {"kv_cache_dtype": "fp8"}).kv_cache
 
 
 def test_a_log_without_the_config_line_fails_closed():
