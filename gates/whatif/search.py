@@ -34,7 +34,7 @@ class SimSettings(BaseModel):
     measured_requests: int = Field(default=2000, gt=0, description="Requests judged per rate.")
     seed: int = 0
     iterations: int = Field(
-        default=10, ge=1, description="Bisection steps: [ceiling/50, ceiling] to within 0.4 %."
+        default=10, ge=1, description="Bisection steps: the bracket to within 0.4 %."
     )
 
 
@@ -125,14 +125,15 @@ def capacity(
 ) -> tuple[float | None, str, list[CapacityStep]]:
     """Highest Poisson rate meeting the SLO for `target` of requests: (rate, how, steps tried).
 
-    The bracket is [ceiling / 50, ceiling] with the compute ceiling of `rate_ceiling`; the search
+    The bracket is [ceiling / 40, 2 x ceiling] around `rate_ceiling` (a short run can pass at
+    the ceiling itself, where the queue grows slowly); the search
     itself is the load generator's (`load.capacity.search_capacity`), run on simulated steps.
     """
     settings = settings or SimSettings()
     ceiling = rate_ceiling(roofline, workload)
     return search_capacity(
         lambda rate: at_rate(roofline, config, workload, rate, settings).step,
-        min_rate=ceiling / 50,
-        max_rate=ceiling,
+        min_rate=ceiling / 40,
+        max_rate=2 * ceiling,
         iterations=settings.iterations,
     )
