@@ -7,28 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gates.whatif import Workload, markdown, whatif_table
+# Published: one H100 SXM, 1,024 prompt / 256 output tokens, TTFT <= 1 s and TPOT <= 40 ms for
+# 99 % of requests; the figures and the stages' axes live beside the benchmark script.
+from gates.benchmark_whatif import PUBLISHED, STAGES, WORKLOAD
+from gates.whatif import markdown, whatif_table
 
 CONFIG = json.loads((Path(__file__).with_name("qwen25_7b_config.json")).read_text())
-
-STAGES = {
-    "BF16": {"weights": "none", "activations": "none", "kv_cache": "auto"},
-    "W4A16": {"weights": "int4/group128", "activations": "none", "kv_cache": "auto"},
-    "W8A8 FP8": {
-        "weights": "float8/channel", "activations": "float8/token/dynamic", "kv_cache": "auto",
-    },
-    "W8A8 FP8 + KV FP8": {
-        "weights": "float8/channel", "activations": "float8/token/dynamic", "kv_cache": "fp8_e4m3",
-    },
-}
-# Published: one H100 SXM, 1,024 prompt / 256 output tokens, TTFT <= 1 s and TPOT <= 40 ms for 99 %.
-PUBLISHED = {  # stage: (max req/s, low-load TTFT ms, low-load TPOT ms)
-    "BF16": (22.5, 33.8, 5.2),
-    "W4A16": (24.6, 32.0, 1.9),
-    "W8A8 FP8": (46.5, 16.2, 2.8),
-    "W8A8 FP8 + KV FP8": (49.3, 16.2, 2.8),
-}
-WORKLOAD = Workload(prompt_tokens=1024, output_tokens=256)
 
 
 @pytest.fixture(scope="module")
