@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
+from evalsets.jsonl import read_jsonl
 from evalsets.spec import EvalSetInfo, EvalSetSpec
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
@@ -144,7 +145,7 @@ def _read_rows(path: Path) -> Any:
         raise SpecError(f"{path}: data file not found")
     try:
         if path.suffix == ".jsonl":
-            return pd.read_json(path, lines=True, dtype=False)
+            return pd.DataFrame(read_jsonl(path))
         if path.suffix == ".json":
             return pd.read_json(path, dtype=False)
         if path.suffix == ".csv":
