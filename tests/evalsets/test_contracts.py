@@ -106,7 +106,7 @@ def test_lengths_need_a_group(tmp_path):
 def test_unreadable_data_is_a_spec_error(tmp_path):
     info = _set(tmp_path, [_row("a")])
     (info.folder / "data.jsonl").write_text("{not json\n")
-    with pytest.raises(SpecError, match="data.jsonl: cannot parse"):
+    with pytest.raises(SpecError, match="data.jsonl:1: not JSON"):
         _validate(info)
 
 
