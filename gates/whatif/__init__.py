@@ -77,14 +77,16 @@ def predict_stage(
     workload: Workload,
     scheduler: SchedulerConfig | None = None,
     settings: SimSettings | None = None,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """One row of the table: one stage on one device."""
+    """One row of the table: one stage on one device (and its p99s at `rate` if given)."""
     scheduler = scheduler or SchedulerConfig()
     fmt = stage_format(dict(axes), shape)
     roofline = Roofline(shape, fmt, target)
     ttft, tpot = low_load(roofline, scheduler, workload)
-    rate, how, _ = capacity(roofline, scheduler, workload, settings)
-    at = at_rate(roofline, scheduler, workload, rate, settings) if rate else None
+    most, how, _ = capacity(roofline, scheduler, workload, settings)
+    at = at_rate(roofline, scheduler, workload, most, settings) if most else None
+    asked = at_rate(roofline, scheduler, workload, rate, settings) if rate else None
     note = fmt.note
     if roofline.matmul_dtype != fmt.compute_dtype:
         note += f" ({target.key} has no {fmt.compute_dtype}: matmuls in {roofline.matmul_dtype})"
@@ -94,9 +96,19 @@ def predict_stage(
         "kv_pool_tokens": kv_pool_blocks(roofline, scheduler) * scheduler.block_size,
         "ttft_ms": ttft,
         "tpot_ms": tpot,
-        "capacity_rps": rate,
+        "capacity_rps": most,
         "ttft_p99_ms": at.ttft_p99_ms if at else None,
         "tpot_p99_ms": at.tpot_p99_ms if at else None,
+        **(
+            {
+                "rate_rps": rate,
+                "rate_ttft_p99_ms": asked.ttft_p99_ms,
+                "rate_tpot_p99_ms": asked.tpot_p99_ms,
+                "rate_goodput": asked.step.goodput,
+            }
+            if asked
+            else {}
+        ),
         "search": how,
         "format": note,
         "source": roofline.source,
@@ -111,6 +123,7 @@ def whatif_table(
     workload: Workload,
     scheduler: SchedulerConfig | None = None,
     settings: SimSettings | None = None,
+    rate: float | None = None,
 ) -> pd.DataFrame:
     """Predicted low-load TTFT / TPOT and SLO capacity, one row per (stage, GPU).
 
@@ -122,13 +135,16 @@ def whatif_table(
     workload: request sizes and SLO; `workload_from_profile(load_profile)` makes one.
     Columns: stage, gpu, weights_gib, kv_pool_tokens, ttft_ms, tpot_ms (low load), capacity_rps
     (max Poisson rate meeting the SLO for `target` of requests; None when even the lowest rate
-    tried fails), ttft_p99_ms, tpot_p99_ms (at that rate), search, format, source, label.
+    tried fails), ttft_p99_ms, tpot_p99_ms (at that rate), search, format, source, label; with
+    `rate` (req/s) also rate_rps, rate_ttft_p99_ms, rate_tpot_p99_ms, rate_goodput at that rate.
+    scheduler: vLLM's batching flags (defaults: 8,192-token budget, 1,024 sequences, 0.9 memory).
+    settings: simulated requests per rate, seed, bisection steps (defaults: 2,000, 0, 10).
     """
     scheduler = scheduler or SchedulerConfig()
     shape = ModelShape.from_config(dict(config_json))
     targets = [device(gpu) if isinstance(gpu, str) else gpu for gpu in gpus]
     rows = [
-        {"stage": name, **predict_stage(shape, axes, target, workload, scheduler, settings)}
+        {"stage": name, **predict_stage(shape, axes, target, workload, scheduler, settings, rate)}
         for name, axes in _named(stages).items()
         for target in targets
     ]

@@ -103,8 +103,10 @@ def test_fp8_on_a100_runs_as_weight_only():
                           "num_key_value_heads": 3, "intermediate_size": 1536,
                           "vocab_size": 49152, "tie_word_embeddings": True},
                          {"fp8": W8A8_FP8}, ["a100-80g"], Workload(prompt_tokens=64, output_tokens=8),
-                         settings=SimSettings(measured_requests=100, iterations=3))
+                         settings=SimSettings(measured_requests=100, iterations=3), rate=5.0)
     assert "a100-80g has no fp8: matmuls in bf16" in table.loc[0, "format"]
+    assert table.loc[0, "rate_rps"] == 5.0 and table.loc[0, "rate_goodput"] == 1.0
+    assert table.loc[0, "rate_tpot_p99_ms"] < table.loc[0, "tpot_p99_ms"]
 
 
 def test_kv_pool_is_memory_left_after_weights():
