@@ -6,19 +6,24 @@ Starts a vLLM server (or uses --base-url), then per concurrency runs both client
 random-token workload (prompt and output lengths, ignore_eos, closed loop at the same
 concurrency, same request count and warm-up count) and prints TTFT/TPOT medians, output
 throughput and quantgate/vLLM ratios. Goal: medians within ±5 %, throughput ratio >= 0.95.
-With --rounds 2 or more the two clients run in ABBA order, so a drifting server (a shared
-machine) does not favour one side.
+The two clients run in ABBA order (--rounds, default 2), so a drifting server (a shared
+machine) does not favour one side; an unmeasured run per concurrency warms the engine first, so
+the first measured run does not pay for it; and every run has its own seed, so no run replays
+another's prompts (a prefix-cache hit would cut its TTFT).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from infra.vllm_engine import log_tail
 from load.profile import LoadProfile
@@ -27,6 +32,7 @@ from load.stats import summarize
 
 TTFT_TPOT_TOLERANCE = 0.05
 MIN_THROUGHPUT_RATIO = 0.95
+WARMUP_RUN_REQUESTS_PER_USER = 3
 
 
 def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, out: Path) -> dict:
@@ -34,6 +40,9 @@ def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, 
     samples = run_level(base_url, model, profile, level, users, out)
     measured, span_s = measured_part(samples, profile, level)
     summary = summarize(measured, level, users, span_s)
+    # vLLM's client ends a request at its last token, quantgate's at [DONE]: the gap between
+    # them is in quantgate's TPOT only, so it is shown.
+    done_gaps = [s.e2e_ms - s.ttft_ms - sum(s.itl_ms) for s in measured if s.error is None]
     return {
         "requests": summary.requests,
         "errors": summary.errors,
@@ -42,6 +51,7 @@ def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, 
         "output_throughput": summary.output_tokens_per_s,
         "request_throughput": summary.requests_per_s,
         "duration_s": span_s,
+        "median_done_gap_ms": float(np.median(done_gaps)) if done_gaps else None,
     }
 
 
@@ -98,23 +108,30 @@ def verdict(ratio: dict) -> bool:
 
 
 def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: list[int],
-            out: Path, rounds: int = 1) -> list[dict]:
+            out: Path, rounds: int = 2) -> list[dict]:
     """Per concurrency, `rounds` runs of each side in ABBA order; medians and rates averaged.
 
-    On a shared machine the server's speed drifts; ABBA order cancels a linear drift.
+    On a shared machine the server's speed drifts; ABBA order cancels a linear drift. Each
+    concurrency starts with an unmeasured warm-up run, and each run has a seed of its own.
     """
     rows = []
+    seeds = itertools.count(profile.seed)
     for concurrency in users:
+        warmup = profile.model_copy(update={"seed": next(seeds), "warmup_requests": 0,
+                                            "requests": WARMUP_RUN_REQUESTS_PER_USER * concurrency})
+        run_level(base_url, model, warmup, f"c{concurrency}", concurrency,
+                  out / f"c{concurrency}-warmup")
         runs: dict[str, list[dict]] = {"quantgate": [], "vllm": []}
         order = [side for r in range(rounds)
                  for side in (("quantgate", "vllm") if r % 2 == 0 else ("vllm", "quantgate"))]
         for index, side in enumerate(order):
             run_out = out / f"c{concurrency}-run{index + 1}"
             run_out.mkdir(parents=True, exist_ok=True)
+            run_profile = profile.model_copy(update={"seed": next(seeds)})
             if side == "quantgate":
-                figures = quantgate_side(base_url, model, profile, concurrency, run_out)
+                figures = quantgate_side(base_url, model, run_profile, concurrency, run_out)
             else:
-                figures = vllm_side(base_url, model, tokenizer, profile, concurrency, run_out)
+                figures = vllm_side(base_url, model, tokenizer, run_profile, concurrency, run_out)
             runs[side].append(figures)
             print(f"c={concurrency} run {index + 1} {side}: {json.dumps(figures)}", flush=True)
         sides = {side: _mean(figures) for side, figures in runs.items()}
@@ -125,7 +142,8 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
 
 
 def _mean(figures: list[dict]) -> dict:
-    return {key: sum(f[key] for f in figures) / len(figures) for key in figures[0]}
+    return {key: sum(f[key] for f in figures) / len(figures) for key in figures[0]
+            if all(f[key] is not None for f in figures)}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -151,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--warmup-requests", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1, help="Runs per side, in ABBA order.")
+    parser.add_argument("--rounds", type=int, default=2, help="Runs per side, in ABBA order.")
     parser.add_argument("--out", type=Path, default=Path("runs/fidelity"))
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the server and Locust are stopped.

@@ -5,7 +5,8 @@ QG_* environment variables and samples leave as JSON lines in QG_SAMPLES_FILE. I
 mode the workers send each sample to the master as a Locust message and only the master writes.
 
 Three ways to pace requests:
-- closed loop (default): each user sends its next request when the previous one ends;
+- closed loop (default): each user sends its next request when the previous one ends; all
+  users send their first request together, once Locust has spawned them all;
 - closed loop with a request budget (QG_MAX_REQUESTS): the same, and the process quits once
   that many requests have finished (like `vllm bench serve --num-prompts`);
 - open loop (QG_RATE > 0): one Poisson arrival schedule per process, fixed in advance from a
@@ -26,6 +27,7 @@ import threading
 import time
 
 import gevent
+import gevent.event
 from locust import events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import StopUser
@@ -59,7 +61,8 @@ _user_numbers = itertools.count()
 _tickets = itertools.count()
 _finished = itertools.count(1)
 _write_lock = threading.Lock()
-_state: dict = {"environment": None, "arrivals": None, "samples": None}
+_state: dict = {"environment": None, "arrivals": None, "samples": None,
+                "spawned": gevent.event.Event()}
 
 
 class Arrivals:
@@ -131,20 +134,27 @@ def _setup(environment, **_kwargs) -> None:
 
 
 @events.spawning_complete.add_listener
-def _start_arrivals(user_count: int, **_kwargs) -> None:
-    if RATE <= 0 or _state["arrivals"] is not None:
-        return
+def _all_users_spawned(user_count: int, **_kwargs) -> None:
+    # Closed loop: every user waits for this, so all start together, as the requests of
+    # `vllm bench serve --max-concurrency N` do. Users spawned one by one (Locust's -r) would
+    # leave the loop staggered for good, a different load from the reference's.
+    if RATE > 0 and _state["arrivals"] is None:
+        _state["arrivals"] = _arrivals(user_count)
+    _state["spawned"].set()
+
+
+def _arrivals(user_count: int) -> Arrivals | None:
     runner = _state["environment"].runner
     if isinstance(runner, MasterRunner):
-        return
+        return None
     # Each process offers its users' share of the rate; independent Poisson streams add up to
     # one Poisson stream of the full rate at the server.
     mine = runner.user_count if isinstance(runner, WorkerRunner) else user_count
     share = mine / TOTAL_USERS if TOTAL_USERS else 1.0
     if share <= 0:
-        return
+        return None
     seed = f"{SEED}:{LEVEL}:arrivals:{runner.worker_index}"
-    _state["arrivals"] = Arrivals(RATE * share, seed, time.perf_counter())
+    return Arrivals(RATE * share, seed, time.perf_counter())
 
 
 @events.test_start.add_listener
@@ -184,11 +194,11 @@ class CompletionsUser(FastHttpUser):
         return [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(PROMPT_TOKENS)]
 
     def _wait_for_arrival(self) -> float | None:
-        """Open loop: sleep until this user's next scheduled arrival; its wall-clock time."""
+        """Wait until every user is spawned; then, open loop only, sleep until this user's next
+        scheduled arrival and return its wall-clock time."""
+        _state["spawned"].wait()
         if RATE <= 0:
             return None
-        while _state["arrivals"] is None:
-            gevent.sleep(0.01)
         due = _state["arrivals"].take()
         delay = due - time.perf_counter()
         if delay > 0:

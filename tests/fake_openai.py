@@ -13,7 +13,8 @@ class FakeOpenAI:
     """Serves /health, /v1/models and streaming or plain /v1/completions with fixed timing.
 
     Every `token_delay_s` one token chunk is sent; `error_fraction` of the completion requests
-    (spread evenly, deterministically) answer HTTP 500 instead.
+    (spread evenly, deterministically) answer HTTP 500 instead. `compact_json` writes chunks as
+    vLLM does (no spaces: `"choices":[]`); `token_text` is the text of every token chunk.
     """
 
     def __init__(
@@ -23,12 +24,16 @@ class FakeOpenAI:
         first_token_delay_s: float = 0.0,
         error_fraction: float = 0.0,
         include_usage: bool = True,
+        compact_json: bool = False,
+        token_text: str = " tok",
     ) -> None:
         self.model = model
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.error_fraction = error_fraction
         self.include_usage = include_usage
+        self.compact_json = compact_json
+        self.token_text = token_text
         self.requests: list[dict[str, Any]] = []
         self.errors_sent = 0
         self._lock = threading.Lock()
@@ -128,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         for index in range(max_tokens):
             time.sleep(fake.token_delay_s)
             finish = "length" if index == max_tokens - 1 else None
-            chunk = _chunk(fake.model, [{"index": 0, "text": " tok", "finish_reason": finish}])
+            chunk = _chunk(fake.model, [{"index": 0, "text": fake.token_text, "finish_reason": finish}])
             self._event(chunk)
         usage = body.get("stream_options", {}).get("include_usage")
         if fake.include_usage and usage:
@@ -138,7 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _event(self, payload: dict[str, Any]) -> None:
-        self._send(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        separators = (",", ":") if self.server_state.compact_json else None
+        self._send(b"data: " + json.dumps(payload, separators=separators).encode() + b"\n\n")
 
     def _send(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -1,0 +1,60 @@
+"""The two load benchmarks on fake servers: overhead (Locust vs a minimal client) and fidelity."""
+
+from __future__ import annotations
+
+import pytest
+
+from load import benchmark_fidelity, benchmark_overhead
+from load.profile import LoadProfile
+
+
+def test_added_latency_pairs_requests_in_start_order_and_drops_the_warmup():
+    seen = [(10.0, 5.0, 2.0), (11.0, 7.0, 3.0), (12.0, 9.0, 4.0)]  # start, TTFT, TPOT
+    # received, first token written, last token written, tokens (server clock, seconds)
+    served = [[12.0, 12.008, 12.011, 4], [10.0, 10.004, 10.007, 4], [11.0, 11.006, 11.009, 4]]
+    added = benchmark_overhead.added_latency(seen, served, warmup=1)
+    assert added["ttft"] == pytest.approx([1.0, 1.0])
+    assert added["tpot"] == pytest.approx([2.0, 3.0])
+    with pytest.raises(RuntimeError, match="client saw 3 requests, the server 2"):
+        benchmark_overhead.added_latency(seen, served[:2], warmup=0)
+
+
+def test_overhead_benchmark_measures_locust_and_the_reference_on_one_server(tmp_path, capsys):
+    rows = benchmark_overhead.measure([2], requests=20, rounds=2, prompt_tokens=16,
+                                      output_tokens=6, out=tmp_path)
+    (row,) = rows
+    assert row["concurrency"] == 2 and row["requests_per_side"] == 40
+    for metric in ("ttft", "tpot"):
+        figures = row[metric]
+        # Loose bounds: the machine is shared. The real figures come from the CLI's table.
+        assert 0 <= figures["reference_p50_ms"] < 5
+        assert -0.5 < figures["locust_p50_ms"] < 5
+        assert figures["locust_p50_ms"] <= figures["locust_p99_ms"]
+    benchmark_overhead.print_table(rows)
+    assert "Added latency" in capsys.readouterr().out
+
+
+def test_fidelity_warms_up_alternates_and_never_replays_prompts(fake_openai, tmp_path,
+                                                                monkeypatch):
+    calls = []
+
+    def vllm_side(base_url, model, tokenizer, profile, users, out):
+        # Stands in for `vllm bench serve`: the same work through quantgate's own client.
+        calls.append(profile.seed)
+        return benchmark_fidelity.quantgate_side(base_url, model, profile, users, out)
+
+    monkeypatch.setattr(benchmark_fidelity, "vllm_side", vllm_side)
+    profile = LoadProfile(low_users=2, high_users=2, prompt_tokens=16, output_tokens=4,
+                          requests=6, warmup_requests=1, request_timeout_s=10, seed=3)
+    rows = benchmark_fidelity.compare(fake_openai.base_url, "fake-model", "tok", profile, [2],
+                                      tmp_path, rounds=2)
+    (row,) = rows
+    assert row["order"] == ["quantgate", "vllm", "vllm", "quantgate"]
+    assert (tmp_path / "c2-warmup" / "samples_c2.jsonl").exists()
+    assert len(calls) == 2 and len(set(calls)) == 2
+    # Warm-up (6) + four runs of 7: every prompt the server saw was new to it.
+    prompts = [tuple(body["prompt"]) for body in fake_openai.requests]
+    assert len(prompts) == 6 + 4 * 7 == len(set(prompts))
+    assert set(row["ratio"]) == {"median_ttft_ms", "median_tpot_ms", "output_throughput"}
+    assert row["quantgate"]["median_done_gap_ms"] < 5
+    assert isinstance(row["within_goal"], bool)

@@ -1,0 +1,52 @@
+"""How the locustfile times a stream (vLLM's definitions) and starts a closed loop, on the fake server."""
+
+from __future__ import annotations
+
+import pytest
+
+from load.profile import LoadProfile
+from load.runner import run_level
+
+PROFILE = LoadProfile(
+    low_users=1, high_users=3, prompt_tokens=16, output_tokens=5, requests=9, warmup_requests=0,
+    request_timeout_s=10, seed=5,
+)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_vllm_style_compact_chunks_count_tokens_not_the_usage_chunk(fake_openai, tmp_path,
+                                                                   include_usage):
+    # vLLM writes compact JSON: its final usage chunk has "choices":[] and is not a token. A token
+    # whose text spells the same characters is still a token (inside a string they are escaped).
+    fake_openai.compact_json = True
+    fake_openai.include_usage = include_usage
+    fake_openai.token_text = '"choices":[]'
+    samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "low", 1, tmp_path)
+    assert len(samples) == 9 and all(s.error is None for s in samples)
+    assert {s.output_tokens for s in samples} == {5}
+    assert {len(s.itl_ms) for s in samples} == {4}
+
+
+def test_ttft_itl_and_the_end_follow_vllm_bench_definitions(fake_openai, tmp_path):
+    fake_openai.first_token_delay_s = 0.03
+    fake_openai.token_delay_s = 0.01
+    samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "low", 1, tmp_path)
+    for sample in samples:
+        # TTFT: from before the request is sent to the first token (30 ms + one 10 ms step).
+        assert 38 <= sample.ttft_ms < 150
+        # Four gaps between consecutive token chunks, one token step each on average (a late
+        # wake-up on a shared machine lengthens one gap and shortens the next).
+        assert len(sample.itl_ms) == 4 and 9 <= sum(sample.itl_ms) / 4 < 60
+        # The end is the [DONE] line right after the last token: TPOT is the token step.
+        last_token_ms = sample.ttft_ms + sum(sample.itl_ms)
+        assert 0 <= sample.e2e_ms - last_token_ms < 5
+        assert 9 <= sample.tpot_ms < 60
+
+
+def test_closed_loop_users_send_their_first_requests_together(fake_openai, tmp_path):
+    # Locust spawns the 3 users a third of a second apart; like `vllm bench serve`'s requests
+    # under --max-concurrency they must still start together, or the loop stays staggered.
+    fake_openai.first_token_delay_s = 0.05
+    samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "high", 3, tmp_path)
+    first_three = sorted(s.start_s for s in samples)[:3]
+    assert first_three[-1] - first_three[0] < 0.1
