@@ -125,15 +125,32 @@ def capacity(
 ) -> tuple[float | None, str, list[CapacityStep]]:
     """Highest Poisson rate meeting the SLO for `target` of requests: (rate, how, steps tried).
 
-    The bracket is [ceiling / 40, 2 x ceiling] around `rate_ceiling` (a short run can pass at
-    the ceiling itself, where the queue grows slowly); the search
-    itself is the load generator's (`load.capacity.search_capacity`), run on simulated steps.
+    The bracket starts at [ceiling / 40, 2 x ceiling] around `rate_ceiling` (a short run can pass
+    at the ceiling itself, where the queue grows slowly); when its low end fails it moves down
+    8-fold at a time. The bisection is the load generator's (`load.capacity.search_capacity`),
+    run on simulated steps. None when a request served alone already misses the SLO.
     """
     settings = settings or SimSettings()
+    slo = workload.slo
+    ttft, tpot = low_load(roofline, config, workload)
+    if (slo.ttft_ms is not None and ttft > slo.ttft_ms) or (
+        slo.tpot_ms is not None and tpot > slo.tpot_ms
+    ):
+        return None, f"a request served alone misses the SLO (TTFT {ttft:.3g} ms, TPOT {tpot:.3g} ms)", []
+
+    seen: dict[float, CapacityStep] = {}
+
+    def judged(rate: float) -> CapacityStep:
+        if rate not in seen:
+            seen[rate] = at_rate(roofline, config, workload, rate, settings).step
+        return seen[rate]
+
     ceiling = rate_ceiling(roofline, workload)
-    return search_capacity(
-        lambda rate: at_rate(roofline, config, workload, rate, settings).step,
-        min_rate=ceiling / 40,
-        max_rate=2 * ceiling,
-        iterations=settings.iterations,
+    high, low, tried = 2 * ceiling, ceiling / 40, []
+    while not (step := judged(low)).passed and low > ceiling * 1e-5:
+        tried.append(step)
+        high, low = low, low / 8
+    rate, how, trace = search_capacity(
+        judged, min_rate=low, max_rate=high, iterations=settings.iterations
     )
+    return rate, how, tried + trace

@@ -12,7 +12,7 @@ from gates.whatif import Workload, whatif_table, workload_from_profile
 from gates.whatif.calibrate import Baseline, calibrate, describe_device
 from gates.whatif.hardware import device, load_devices
 from gates.whatif.scheduler import SchedulerConfig, kv_pool_blocks, simulate
-from gates.whatif.search import SimSettings, at_rate, capacity, low_load
+from gates.whatif.search import SimSettings, at_rate, capacity, low_load, rate_ceiling
 from gates.whatif.shape import ModelShape, stage_format
 from gates.whatif.steptime import Roofline
 from infra.errors import SpecError
@@ -210,3 +210,22 @@ def test_calibration_refuses_a_measurement_faster_than_peak():
     impossible = Baseline(prompt_tokens=256, output_tokens=32, ttft_ms=ttft / 10, tpot_ms=tpot)
     with pytest.raises(SpecError, match="faster than cpu's peak"):
         calibrate(CPU, SMOLLM2, stage_format(BF16, SMOLLM2), impossible, CPU_SCHEDULER)
+
+
+def test_capacity_far_below_the_compute_ceiling_is_still_found():
+    # A bandwidth-starved device with a big per-step cost: decode, not compute, sets capacity.
+    slow = describe_device("slow", tflops={"bf16": 100.0}, bandwidth_gbs=100, memory_gib=40,
+                           step_overhead_ms=15.0)
+    roofline = Roofline(SMOLLM2, stage_format(BF16, SMOLLM2), slow)
+    workload = Workload(prompt_tokens=256, output_tokens=64)
+    settings = SimSettings(measured_requests=200, iterations=4)
+    rate, how, trace = capacity(roofline, SchedulerConfig(max_num_seqs=4), workload, settings)
+    assert rate is not None and rate < rate_ceiling(roofline, workload) / 40
+    assert trace[0].passed is False  # the first bracket's low end failed, the search moved down
+
+
+def test_no_capacity_when_a_lone_request_misses_the_slo():
+    roofline = Roofline(QWEN, stage_format(BF16, QWEN), device("l40s"))
+    strict = Workload(prompt_tokens=1024, output_tokens=64, slo={"tpot_ms": 10.0})
+    rate, how, trace = capacity(roofline, SchedulerConfig(), strict)
+    assert rate is None and "served alone misses the SLO" in how and not trace
