@@ -191,8 +191,6 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                             reference.name)
                 with engine_beside(spec, reference, folder / "reference-engine.log",
                                    REFERENCE_PORT_OFFSET) as reference_facts:
-                    check_served(reference, reference_facts, spec.engine,
-                                 folder / "reference-engine.log")
                     record.load, record.paired_load = measure_paired_load(
                         facts, reference_facts, reference, prepared.profile, folder,
                         plan_for(spec.engine))
