@@ -114,6 +114,14 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
     On a shared machine the server's speed drifts; ABBA order cancels a linear drift. Each
     concurrency starts with an unmeasured warm-up run, and each run has a seed of its own.
     """
+    for concurrency in users:
+        if profile.requests % concurrency or profile.warmup_requests % concurrency:
+            # vLLM runs its warm-up apart, then every measured request in full rounds; in one
+            # closed loop a partial round would leave users idle inside the measured span.
+            raise ValueError(
+                f"requests ({profile.requests}) and warm-up requests ({profile.warmup_requests}) "
+                f"must be multiples of every concurrency; {concurrency} does not divide them"
+            )
     rows = []
     seeds = itertools.count(profile.seed)
     for concurrency in users:

@@ -45,16 +45,23 @@ def test_fidelity_warms_up_alternates_and_never_replays_prompts(fake_openai, tmp
 
     monkeypatch.setattr(benchmark_fidelity, "vllm_side", vllm_side)
     profile = LoadProfile(low_users=2, high_users=2, prompt_tokens=16, output_tokens=4,
-                          requests=6, warmup_requests=1, request_timeout_s=10, seed=3)
+                          requests=6, warmup_requests=2, request_timeout_s=10, seed=3)
     rows = benchmark_fidelity.compare(fake_openai.base_url, "fake-model", "tok", profile, [2],
                                       tmp_path, rounds=2)
     (row,) = rows
     assert row["order"] == ["quantgate", "vllm", "vllm", "quantgate"]
     assert (tmp_path / "c2-warmup" / "samples_c2.jsonl").exists()
     assert len(calls) == 2 and len(set(calls)) == 2
-    # Warm-up (6) + four runs of 7: every prompt the server saw was new to it.
+    # Warm-up (6) + four runs of 8: every prompt the server saw was new to it.
     prompts = [tuple(body["prompt"]) for body in fake_openai.requests]
-    assert len(prompts) == 6 + 4 * 7 == len(set(prompts))
+    assert len(prompts) == 6 + 4 * 8 == len(set(prompts))
     assert set(row["ratio"]) == {"median_ttft_ms", "median_tpot_ms", "output_throughput"}
     assert row["quantgate"]["median_done_gap_ms"] < 5
     assert isinstance(row["within_goal"], bool)
+
+
+def test_fidelity_refuses_counts_that_leave_a_partial_round(tmp_path):
+    profile = LoadProfile(low_users=1, high_users=4, prompt_tokens=16, output_tokens=4,
+                          requests=40, warmup_requests=2, request_timeout_s=10)
+    with pytest.raises(ValueError, match=r"warm-up requests \(2\).*4 does not divide"):
+        benchmark_fidelity.compare("http://127.0.0.1:9", "m", "tok", profile, [1, 4], tmp_path)
