@@ -21,6 +21,7 @@ from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
 from infra.errors import MeasurementError, SpecError
+from infra.progress import progress
 from infra.secrets import auth_headers
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,8 @@ def check_server(base_url: str, model: str) -> None:
         )
 
 
-def recording_model(apply_chat_template: bool, **model_args: Any) -> Any:
+def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] | None = None,
+                    **model_args: Any) -> Any:
     """lm-eval's local (chat-)completions model that also keeps each response's finish reason
     and completion tokens from the server, keyed by the response text (`.server_finish`)."""
     from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
@@ -219,6 +221,8 @@ def recording_model(apply_chat_template: bool, **model_args: Any) -> Any:
             for text, choice, tokens in zip(texts, choices, usages, strict=False):
                 if text is not None:
                     self.server_finish[text] = ServerFinish(choice.get("finish_reason"), tokens)
+            if on_items is not None:
+                on_items(len(texts))
             return texts
 
     return Recording(**model_args)
@@ -249,6 +253,7 @@ def run_evalset(
     num_concurrent: int = 4,
     timeout_s: int = 300,
     start: int = 0,
+    on_items: Callable[[int], None] | None = None,
 ) -> TaskQuality:
     """One eval set through lm-eval; raw results in `out_dir/<set>/`.
 
@@ -274,6 +279,7 @@ def run_evalset(
     try:
         lm = recording_model(
             apply_chat_template,
+            on_items,
             model=model,
             base_url=root + endpoint,
             num_concurrent=num_concurrent,
@@ -374,10 +380,10 @@ def run_quality(
     count_tokens = token_counter(tokenizer_dir)
     result = QualityResult()
     for spec in sets:
-        log.info("quality: running eval set %s (limit %s)", spec.name, spec.limit)
-        result.tasks[spec.name] = run_evalset(
-            base_url, model, spec, out_dir, count_tokens, apply_chat_template, num_concurrent
-        )
+        with progress.task(f"{out_dir.parent.name}: {spec.name}", spec.limit) as advance:
+            result.tasks[spec.name] = run_evalset(
+                base_url, model, spec, out_dir, count_tokens, apply_chat_template,
+                num_concurrent, on_items=advance)
     if with_perplexity:
         prepare_corpus(out_dir, baseline_dir, tokenizer_dir, [s.name for s in sets],
                        apply_chat_template, max_model_len)

@@ -34,6 +34,7 @@ from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
 from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
+from infra.progress import progress
 from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
 from load.paired import Server, run_paired_load
@@ -247,34 +248,66 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
         manifest.stages.append(stage.name)
         manifest.save(results_dir)
         parent = records.get(stage.parent) if stage.parent else None
-        if parent is not None and parent.error:
-            record = not_measured(stage, parent)
-            record.save(folder)
-        elif stage.kind != "control" and not no_cache and cache.restore(keys[stage.name], folder):
-            reused.add(stage.name)
-            manifest.reused[stage.name] = keys[stage.name]
-            logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
-                        keys[stage.name][:12])
-            record = StageRecord.read(folder)
-        else:
-            try:
-                record = measure_stage(stage, prepared, results_dir, settings, reused, manifest)
-            except BaseException:
-                if (folder / "stage.json").exists():  # what it got before it broke, in MLflow too
-                    tracker.log_stage(spec.candidate, StageRecord.read(folder), folder)
-                raise
-            record.cache_key = keys[stage.name]
-            record.save(folder)
-            if record.error is None and stage.kind != "control":
-                cache.store(keys[stage.name], parts[stage.name], folder)
-        tracker.log_stage(spec.candidate, record, folder, cached=stage.name in reused)
+        started = time.monotonic()
+        with tracker.stage_run(spec.candidate, stage.name, stage.kind):
+            if parent is not None and parent.error:
+                record = not_measured(stage, parent)
+                record.save(folder)
+            elif (stage.kind != "control" and not no_cache
+                  and cache.restore(keys[stage.name], folder)):
+                reused.add(stage.name)
+                manifest.reused[stage.name] = keys[stage.name]
+                logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
+                            keys[stage.name][:12])
+                record = StageRecord.read(folder)
+            else:
+                try:
+                    record = measure_stage(stage, prepared, results_dir, settings, reused,
+                                           manifest)
+                except BaseException:
+                    if (folder / "stage.json").exists():  # what it got before it broke
+                        tracker.log_stage(StageRecord.read(folder), folder)
+                    raise
+                record.cache_key = keys[stage.name]
+                record.save(folder)
+                if record.error is None and stage.kind != "control":
+                    cache.store(keys[stage.name], parts[stage.name], folder)
+            tracker.log_stage(record, folder, cached=stage.name in reused)
         records[stage.name] = record
+        progress.line(stage_summary(record, list(records.values()), prepared.policy,
+                                    time.monotonic() - started))
     baseline = prepared.stages[0].name
     if records[baseline].error is None:  # later stages may have scored more baseline items
         cache.store(keys[baseline], parts[baseline], results_dir / baseline)
     manifest.cache_keys = keys
     manifest.save(results_dir)
     return list(records.values())
+
+
+def stage_summary(record: StageRecord, so_far: list[StageRecord], policy: GatePolicy,
+                  seconds: float) -> str:
+    """One line per finished stage: its key quality numbers, TTFT/TPOT at low load, and the
+    rules it already fails against what is measured so far."""
+    parts = [f"stage {record.name} ({record.kind}) done in {seconds:.0f} s"]
+    if record.error:
+        return f"{parts[0]}: FAILED: {record.error.splitlines()[0][:200]}"
+    if record.quality is not None:
+        parts.append(", ".join(f"{name} {task.value:.2f} ({len(task.items)})"
+                               for name, task in record.quality.tasks.items()))
+        if record.quality.divergence is not None:
+            parts.append(f"KL {record.quality.divergence.mean_kl:.4f}")
+    low = record.load.summaries.get("low") if record.load is not None else None
+    if low is not None and low.ttft_p50_ms is not None and low.tpot_p50_ms is not None:
+        parts.append(f"TTFT {low.ttft_p50_ms:.0f} ms, TPOT {low.tpot_p50_ms:.1f} ms (low load)")
+    if record.parent is not None:
+        try:
+            verdict = decide("so far", so_far, policy)
+            mine = next((s for s in verdict.stages if s.stage == record.name), None)
+            failed = [check.rule for check in mine.failures] if mine else []
+            parts.append(f"failing: {', '.join(failed)}" if failed else "no rule failed yet")
+        except Exception as err:  # noqa: BLE001 - a summary line must not end the run
+            parts.append(f"rules not judged yet ({type(err).__name__})")
+    return "; ".join(parts)
 
 
 def measure_stage(stage: Stage, prepared: Prepared, results_dir: Path, settings: Settings,

@@ -93,16 +93,29 @@ class Tracker:
             raise
         self.mlflow.end_run(status="FINISHED")
 
-    def log_stage(self, candidate: str, record: StageRecord, folder: Path, cached: bool = False) -> None:
-        tags = {"candidate": candidate, "stage": record.name, "stage_kind": record.kind,
-                "cached": str(cached).lower()}
-        with self.mlflow.start_run(run_name=f"{candidate}/{record.name}", nested=True, tags=tags):
-            self.mlflow.log_params(redacted(stage_params(record)))
-            self.mlflow.log_metrics(stage_metrics(record))
-            if record.error:
-                self.mlflow.set_tag("failure", redact(record.error)[:5000])
-            if folder.is_dir():
-                self.mlflow.log_artifacts(str(folder), artifact_path="results")
+    @contextlib.contextmanager
+    def stage_run(self, candidate: str, stage: str, kind: str) -> Iterator[str]:
+        """A stage's nested run, open while the stage is measured: its duration and status are
+        the stage's own (FAILED when the measuring breaks)."""
+        tags = {"candidate": candidate, "stage": stage, "stage_kind": kind}
+        run = self.mlflow.start_run(run_name=f"{candidate}/{stage}", nested=True, tags=tags)
+        try:
+            yield run.info.run_id
+        except BaseException as err:
+            self.mlflow.set_tag("failure", redact(f"{type(err).__name__}: {err}")[:5000])
+            self.mlflow.end_run(status="FAILED")
+            raise
+        self.mlflow.end_run(status="FINISHED")
+
+    def log_stage(self, record: StageRecord, folder: Path, cached: bool = False) -> None:
+        """Into the open stage run: params, metrics, the results folder."""
+        self.mlflow.set_tag("cached", str(cached).lower())
+        self.mlflow.log_params(redacted(stage_params(record)))
+        self.mlflow.log_metrics(stage_metrics(record))
+        if record.error:
+            self.mlflow.set_tag("failure", redact(record.error)[:5000])
+        if folder.is_dir():
+            self.mlflow.log_artifacts(str(folder), artifact_path="results")
             if record.error:
                 self.mlflow.end_run(status="FAILED")
 

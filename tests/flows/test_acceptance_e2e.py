@@ -168,6 +168,10 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
     assert parent.iloc[0]["status"] == "FINISHED"
     nested = runs[runs["tags.mlflow.parentRunId"] == parent.iloc[0]["run_id"]]
     assert sorted(nested["tags.stage"]) == ["a8", "baseline", "control", "w4", "w8"]
+    # Each stage run is open while the stage is measured: its duration is the stage's own.
+    measured = nested[nested["tags.cached"] == "false"]
+    seconds = (measured["end_time"] - measured["start_time"]).dt.total_seconds()
+    assert (measured["status"] == "FINISHED").all() and (seconds > 5).all(), seconds
     for column in ("metrics.engine.kv_cache_tokens", "metrics.quality.math.exact_match",
                    "metrics.quality.perplexity", "metrics.load.high.ttft_p50_ms",
                    "metrics.load.low.tpot_p50_ms", "metrics.load.high.output_tokens_per_s"):
