@@ -29,7 +29,7 @@ from gates.policy import GatePolicy, load_policy, precision_class, save_run_poli
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
 from gates.verdict import Verdict
-from infra.checkpoint import check_tokenizer
+from infra.checkpoint import check_tokenizer, model_shape
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -161,7 +161,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     record = StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
-        changed=stage.changed, fingerprint=stage.fingerprint(),
+        changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
@@ -217,7 +217,7 @@ def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
     return StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
-        changed=stage.changed, fingerprint=stage.fingerprint(),
+        changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
         error=f"not measured: its parent {parent.name} did not finish ({parent.error})"[:2000],
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -70,6 +70,9 @@ class StageRecord(BaseModel):
     changed: list[str] = Field(default_factory=list)
     emulated: bool = Field(default=False, description="Weights dequantized: speed not representative.")
     fingerprint: str | None = None
+    shape: dict[str, Any] | None = Field(
+        default=None, description="The model-shape keys of the checkpoint's config.json (layers, "
+        "widths, heads, vocabulary): what the capacity what-if predicts from.")
     facts: EngineFacts | None = None
     quality: QualityResult | None = None
     load: LoadResult | None = None

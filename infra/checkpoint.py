@@ -45,6 +45,18 @@ def check_tokenizer(checkpoint: Path) -> None:
                               "files into it")
 
 
+SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size",
+              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "vocab_size", "tie_word_embeddings", "num_experts", "num_local_experts",
+              "text_config", "max_position_embeddings", "torch_dtype", "dtype")
+
+
+def model_shape(checkpoint: Path) -> dict[str, Any]:
+    """The config.json keys that describe the model's shape (not its quantization)."""
+    config = read_config(checkpoint)
+    return {key: config[key] for key in SHAPE_KEYS if key in config}
+
+
 def weight_bytes(checkpoint: Path) -> int:
     """Bytes of weight files on disk: a fair weight-size figure across formats."""
     return sum(p.stat().st_size for p in checkpoint.iterdir() if p.suffix in WEIGHT_SUFFIXES)
