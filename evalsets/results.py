@@ -33,6 +33,7 @@ class TaskQuality(BaseModel):
     metric: str = Field(description="Name of the primary metric, e.g. 'accuracy'.")
     value: float = Field(description="Mean of item scores.")
     items: list[QualityItem]
+    seconds: float | None = Field(default=None, description="Wall time of the set's first look.")
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([item.model_dump() for item in self.items])
@@ -119,6 +120,8 @@ class QualityResult(BaseModel):
 
     tasks: dict[str, TaskQuality] = Field(default_factory=dict)
     perplexity: float | None = Field(default=None, description="Token perplexity on the local corpus.")
+    scoring_s: float | None = Field(
+        default=None, description="Wall time of the corpus scoring (perplexity, divergence).")
     divergence: Divergence | None = Field(
         default=None, description="Against the baseline; None for the baseline itself."
     )

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -380,10 +381,13 @@ def run_quality(
     count_tokens = token_counter(tokenizer_dir)
     result = QualityResult()
     for spec in sets:
+        started = time.monotonic()
         with progress.task(f"{out_dir.parent.name}: {spec.name}", spec.limit) as advance:
-            result.tasks[spec.name] = run_evalset(
-                base_url, model, spec, out_dir, count_tokens, apply_chat_template,
-                num_concurrent, on_items=advance)
+            task = run_evalset(base_url, model, spec, out_dir, count_tokens, apply_chat_template,
+                               num_concurrent, on_items=advance)
+        task.seconds = round(time.monotonic() - started, 2)
+        result.tasks[spec.name] = task
+    started = time.monotonic()
     if with_perplexity:
         prepare_corpus(out_dir, baseline_dir, tokenizer_dir, [s.name for s in sets],
                        apply_chat_template, max_model_len)
@@ -395,5 +399,6 @@ def run_quality(
                  result.perplexity_vs_parent) = summaries(result.paired_tokens)
             except MeasurementError as err:
                 log.error("quality: no divergence to the baseline: %s", err)
+        result.scoring_s = round(time.monotonic() - started, 2)
     result.save(out_dir)
     return result

@@ -26,7 +26,7 @@ from flows.tracking import Tracker
 from gates.accuracy import PowerPlan, plan_power
 from gates.decide import decide
 from gates.policy import GatePolicy, load_policy, precision_class, save_run_policy
-from gates.record import RunManifest, StageRecord
+from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
 from gates.verdict import Verdict
 from infra.checkpoint import check_tokenizer, model_shape
@@ -94,7 +94,7 @@ def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
 @task(name="quality", cache_policy=NO_CACHE)
 def measure_quality(
     facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings,
-    prepared: Prepared | None = None,
+    prepared: Prepared | None = None, clock: dict[str, float] | None = None,
 ) -> QualityResult:
     # Divergence and perplexity pair this stage's corpus logprobs with the baseline's and the
     # parent's, stored beside it.
@@ -109,8 +109,41 @@ def measure_quality(
     if stage.parent is None or prepared is None:
         return quality
     # Inconclusive accuracy is not a dead end: score more items while the set has them.
-    return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
-                              prepared.policy, prepared.pools, settings.num_concurrent)
+    with timed(clock if clock is not None else {}, "more_items"):
+        return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
+                                  prepared.policy, prepared.pools, settings.num_concurrent)
+
+
+@contextlib.contextmanager
+def timed(clock: dict[str, float], phase: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        clock[phase] = clock.get(phase, 0.0) + time.monotonic() - started
+
+
+def stage_timings(record: StageRecord, clock: dict[str, float], wall_s: float) -> StageTimings:
+    """Where the stage's wall time went, from what its results and `clock` hold."""
+    timings = StageTimings(wall_s=round(wall_s, 2),
+                           startup_s=record.facts.startup_s if record.facts else None,
+                           more_items_s=_rounded(clock.get("more_items")),
+                           load_s=_rounded(clock.get("load")))
+    if record.quality is not None:
+        timings.scoring_s = record.quality.scoring_s
+        for name, task in record.quality.tasks.items():
+            timings.sets[name] = SetTiming(
+                items=len(task.items), seconds=task.seconds,
+                output_tokens=sum(item.output_tokens or 0 for item in task.items))
+    if record.load is not None:
+        timings.load_levels_s = {level: summary.duration_s
+                                 for level, summary in record.load.summaries.items()}
+        timings.capacity_s = getattr(record.load, "capacity_s", None)
+    return timings
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 @task(name="load", cache_policy=NO_CACHE)
@@ -158,6 +191,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     from flows.served import check_served
 
     logger = get_run_logger()
+    started, clock = time.monotonic(), {}
     record = StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
@@ -175,7 +209,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                         facts.kv_cache_tokens)
             # What the engine says it serves must be what the axes say, before any measuring.
             check_served(stage, facts, spec.engine, folder / "engine.log")
-            record.quality = measure_quality(facts, stage, spec, folder, settings, prepared)
+            record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,
+                                             clock)
             reference = timed_against(stage, prepared)
             if reference is not None and reference.name in reused and \
                     not prepared.policy.latency.required:
@@ -184,14 +219,17 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
                             stage.name, reference.name)
                 reference = None
             if reference is None:
-                record.load = measure_load(facts, prepared.profile, folder, plan_for(spec.engine))
+                with timed(clock, "load"):
+                    record.load = measure_load(facts, prepared.profile, folder,
+                                               plan_for(spec.engine))
             else:
                 # Both engines up at once, loaded in alternating rounds: drift between runs hits
                 # both sides of a round alike (load/README.md).
                 logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
                             reference.name)
                 with engine_beside(spec, reference, folder / "reference-engine.log",
-                                   REFERENCE_PORT_OFFSET) as reference_facts:
+                                   REFERENCE_PORT_OFFSET) as reference_facts, \
+                        timed(clock, "load"):
                     record.load, record.paired_load = measure_paired_load(
                         facts, reference_facts, reference, prepared.profile, folder,
                         plan_for(spec.engine))
@@ -203,12 +241,14 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     except EngineError as err:
         if record.facts is None and (stage.parent is None or isinstance(err, PortInUseError)):
             record.error = str(err)  # no baseline, or a busy port: nothing can be judged
+            record.timings = stage_timings(record, clock, time.monotonic() - started)
             record.save(folder)
             raise
         # The candidate's own fault: vLLM cannot serve it (or died under it). A verdict, not an
         # error: rollback, with the reason.
         record.error = f"not servable: {err}" if record.facts is None else str(err)
         logger.error("stage %s: %s", stage.name, record.error)
+    record.timings = stage_timings(record, clock, time.monotonic() - started)
     record.save(folder)
     return record
 
@@ -360,22 +400,29 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
               "evalsets": ",".join(e.name for e in spec.evalsets),
               "load_profile": spec.load_profile, "gate_policy": spec.gate_policy,
               "no_cache": str(no_cache), "registry_version": str(registry_version)}
+    clock: dict[str, float] = {}
+    run_started = time.monotonic()
     with tracker.candidate_run(spec.candidate, params, flow_run_tags()):
         if registry_version:
             tag_registry_version(settings, registry_version, "running", results_dir.name)
-        with host_slot(), engine_key(prepared.api_key):
+        with host_slot(), engine_key(prepared.api_key), timed(clock, "stages"):
             manifest.host_slot = [utc_now()]
             records = measure_stages(prepared, results_dir, settings, no_cache, manifest, tracker)
             manifest.host_slot.append(utc_now())
             manifest.save(results_dir)
         save_run_policy(prepared.policy, results_dir)  # `quantgate gate` re-judges by this one
-        # As stored: later stages may have grown the baseline's items (adaptive sample size).
-        records = [StageRecord.read(results_dir / record.name) for record in records]
-        verdict = decide(spec.candidate, records, prepared.policy)
-        verdict_path = verdict.save(results_dir / "verdict.json")
+        with timed(clock, "gating"):
+            # As stored: later stages may have grown the baseline's items (adaptive sample size).
+            records = [StageRecord.read(results_dir / record.name) for record in records]
+            verdict = decide(spec.candidate, records, prepared.policy)
+            verdict_path = verdict.save(results_dir / "verdict.json")
         report_dir = (settings.reports_dir / results_dir.name).resolve()
-        report = write_report(verdict, records, report_dir, signer=settings.signer)
-        verdict.save(report_dir / "verdict.json")
+        with timed(clock, "reporting"):
+            report = write_report(verdict, records, report_dir, signer=settings.signer)
+            verdict.save(report_dir / "verdict.json")
+        clock["wall"] = time.monotonic() - run_started
+        manifest.timings = {phase: round(seconds, 2) for phase, seconds in clock.items()}
+        manifest.save(results_dir)
         tracker.log_verdict(verdict, verdict_path, report_dir)
         if registry_version:
             record_registry_verdict(settings, registry_version, verdict, report["html"],

@@ -30,8 +30,28 @@ def stage_params(record: StageRecord) -> dict[str, str]:
     return params
 
 
+def timing_metrics(record: StageRecord) -> dict[str, float]:
+    """time.*: where the stage's wall time went (seconds), engine-busy and overhead shares."""
+    timings = record.timings
+    if timings is None:
+        return {}
+    metrics = {"time.wall_s": timings.wall_s, "time.busy_s": round(timings.busy_s, 2),
+               "time.overhead_s": round(timings.overhead_s, 2)}
+    if timings.wall_s > 0:
+        metrics["time.busy_share"] = round(timings.busy_s / timings.wall_s, 4)
+    for name in ("startup_s", "scoring_s", "more_items_s", "load_s", "capacity_s"):
+        if getattr(timings, name) is not None:
+            metrics[f"time.{name}"] = float(getattr(timings, name))
+    for name, timing in timings.sets.items():
+        if timing.seconds is not None:
+            metrics[f"time.quality.{name}_s"] = timing.seconds
+    for level, seconds in timings.load_levels_s.items():
+        metrics[f"time.load.{level}_s"] = seconds
+    return metrics
+
+
 def stage_metrics(record: StageRecord) -> dict[str, float]:
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = timing_metrics(record)
     facts = record.facts
     if facts:
         for name in ("kv_cache_tokens", "weight_bytes", "startup_s", "max_model_len"):

@@ -61,6 +61,36 @@ def read_record(path: Path, model: type[Record]) -> Record:
                                 "the quantgate that wrote it") from err
 
 
+class SetTiming(BaseModel):
+    items: int
+    output_tokens: int = Field(description="Tokens the engine generated for the set.")
+    seconds: float | None
+
+
+class StageTimings(BaseModel):
+    """Where a stage's wall time went. Engine-busy time is the time it was sent work (eval sets,
+    corpus scoring, more items, load and capacity search); the rest of the wall time beyond
+    start-up is the pipeline's own overhead."""
+
+    wall_s: float = Field(description="From the stage's start to its record, engines stopped.")
+    startup_s: float | None = Field(default=None, description="Engine launch to healthy.")
+    sets: dict[str, SetTiming] = Field(default_factory=dict)
+    scoring_s: float | None = Field(default=None, description="Perplexity / divergence corpus.")
+    more_items_s: float | None = Field(default=None, description="Adaptive looks (more items).")
+    load_s: float | None = Field(default=None, description="Load levels and capacity search.")
+    load_levels_s: dict[str, float] = Field(default_factory=dict)
+    capacity_s: float | None = Field(default=None, description="Capacity search, of load_s.")
+
+    @property
+    def busy_s(self) -> float:
+        sets = sum(timing.seconds or 0.0 for timing in self.sets.values())
+        return sets + (self.scoring_s or 0.0) + (self.more_items_s or 0.0) + (self.load_s or 0.0)
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.wall_s - (self.startup_s or 0.0) - self.busy_s)
+
+
 class StageRecord(BaseModel):
     schema_version: int = Field(default=SCHEMA_VERSION, description="Layout of stage.json.")
     name: str
@@ -81,6 +111,7 @@ class StageRecord(BaseModel):
         description="Timed stages: interleaved rounds against the reference (the latency gate).",
     )
     error: str | None = Field(default=None, description="Why the stage could not finish.")
+    timings: StageTimings | None = Field(default=None, description="Where the wall time went.")
     measured_in: str | None = Field(
         default=None, description="The run folder that measured it (else than this run's: the "
         "stage came from the stage cache).")
@@ -109,6 +140,8 @@ class RunManifest(BaseModel):
     engine_starts: list[str] = Field(
         default_factory=list, description="Logs of the engines this run started, in order.")
     cache_keys: dict[str, str] = Field(default_factory=dict, description="Each stage's cache key.")
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="Run phases in seconds: wall, stages, gating, reporting.")
     host_slot: list[str] = Field(
         default_factory=list, description="When the run held its engine host (UTC, from, to).")
 

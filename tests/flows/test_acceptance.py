@@ -20,3 +20,22 @@ def test_a_failed_stage_prints_why():
     broken = records[1].model_copy(update={"error": "engine died\nlog tail"})
     line = stage_summary(broken, [records[0], broken], load_policy("default"), 5)
     assert line.endswith(": FAILED: engine died")
+
+
+def test_stage_timings_add_up_and_reach_mlflow():
+    from flows.acceptance import stage_timings
+    from flows.tracking import stage_metrics
+
+    record = chain()[2]
+    for task in record.quality.tasks.values():
+        task.seconds = 40.0
+    record.quality.scoring_s = 10.0
+    record.facts.startup_s = 30.0
+    timings = stage_timings(record, {"load": 50.0, "more_items": 5.0}, wall_s=150.0)
+    assert timings.busy_s == 40.0 * len(record.quality.tasks) + 10.0 + 5.0 + 50.0
+    assert timings.overhead_s == max(0.0, 150.0 - 30.0 - timings.busy_s)
+    assert all(t.items == len(record.quality.tasks[n].items) for n, t in timings.sets.items())
+    record.timings = timings
+    metrics = stage_metrics(record)
+    assert metrics["time.wall_s"] == 150.0 and metrics["time.load_s"] == 50.0
+    assert metrics["time.busy_share"] == round(timings.busy_s / 150.0, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -156,6 +157,29 @@ def test_engine_facts_and_measurements_are_real(tree):
         assert summary["tpot_p50_ms"] > 0 and summary["output_tokens_per_s"] > 0
     low, high = base["load"]["summaries"]["low"], base["load"]["summaries"]["high"]
     assert high["output_tokens_per_s"] > low["output_tokens_per_s"]
+
+
+def test_each_stage_says_where_its_time_went(tree):
+    from gates.record import StageTimings
+
+    folder, result, _, records = tree
+    out = result.stdout + result.stderr
+    # Live progress, plain lines off a terminal: per set, and one summary per finished stage.
+    assert re.search(r"a8: math: \d+/\d+ items, [\d.]+ items/s, ~\S+ left", out), out[-3000:]
+    assert re.search(r"a8: math: \d+/\d+ items in ", out)
+    assert re.search(r"stage a8 \(activations\) done in \d+ s; math [\d.]+", out)
+    assert "Created temporary directory" not in out  # no third-party INFO noise
+    for name in ("baseline", "a8"):
+        timings = StageTimings.model_validate(records[name]["timings"])
+        assert timings.startup_s > 1 and timings.load_s > 1 and timings.scoring_s > 0
+        assert set(timings.sets) == set(records[name]["quality"]["tasks"])
+        assert all(t.seconds > 0 and t.items > 0 and t.output_tokens > 0
+                   for t in timings.sets.values())
+        # start-up + engine work + overhead add up to the wall time
+        assert timings.startup_s + timings.busy_s <= timings.wall_s
+    runs = list((folder / "runs").glob("e2e-*"))
+    manifest = json.loads((runs[0] / "manifest.json").read_text())
+    assert {"wall", "stages", "gating", "reporting"} <= set(manifest["timings"])
 
 
 def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
