@@ -211,28 +211,12 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             check_served(stage, facts, spec.engine, folder / "engine.log")
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,
                                              clock)
-            reference = timed_against(stage, prepared)
-            if reference is not None and reference.name in reused and \
-                    not prepared.policy.latency.required:
-                # Racing a cached reference would serve it again for an advisory rule only.
-                logger.info("stage %s: %s is from the cache; timed alone (latency is advisory)",
-                            stage.name, reference.name)
-                reference = None
-            if reference is None:
-                with timed(clock, "load"):
-                    record.load = measure_load(facts, prepared.profile, folder,
-                                               plan_for(spec.engine))
+            if stage.axes.emulated:
+                # Dequantized weights served as bf16: their speed is not the format's. Quality
+                # measured; speed predicted for the target GPU (gates/whatif), never measured.
+                logger.info("stage %s: emulated, so no load (speed is predicted)", stage.name)
             else:
-                # Both engines up at once, loaded in alternating rounds: drift between runs hits
-                # both sides of a round alike (load/README.md).
-                logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
-                            reference.name)
-                with engine_beside(spec, reference, folder / "reference-engine.log",
-                                   REFERENCE_PORT_OFFSET) as reference_facts, \
-                        timed(clock, "load"):
-                    record.load, record.paired_load = measure_paired_load(
-                        facts, reference_facts, reference, prepared.profile, folder,
-                        plan_for(spec.engine))
+                measure_speed(stage, prepared, facts, folder, record, reused, clock)
     except MeasurementError as err:
         record.error = str(err)
         if record.facts is not None and getattr(engine, "alive", lambda: True)() is False:
@@ -251,6 +235,35 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     record.timings = stage_timings(record, clock, time.monotonic() - started)
     record.save(folder)
     return record
+
+
+def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: Path,
+                  record: StageRecord, reused: set[str], clock: dict[str, float]) -> None:
+    """Load levels (and capacity search), alone or in rounds against the reference beside it."""
+    logger = get_run_logger()
+    spec = prepared.spec
+    reference = timed_against(stage, prepared)
+    if reference is not None and reference.name in reused and \
+            not prepared.policy.latency.required:
+        # Racing a cached reference would serve it again for an advisory rule only.
+        logger.info("stage %s: %s is from the cache; timed alone (latency is advisory)",
+                    stage.name, reference.name)
+        reference = None
+    if reference is None:
+        with timed(clock, "load"):
+            record.load = measure_load(facts, prepared.profile, folder,
+                                       plan_for(spec.engine))
+    else:
+        # Both engines up at once, loaded in alternating rounds: drift between runs hits
+        # both sides of a round alike (load/README.md).
+        logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
+                    reference.name)
+        with engine_beside(spec, reference, folder / "reference-engine.log",
+                           REFERENCE_PORT_OFFSET) as reference_facts, \
+                timed(clock, "load"):
+            record.load, record.paired_load = measure_paired_load(
+                facts, reference_facts, reference, prepared.profile, folder,
+                plan_for(spec.engine))
 
 
 def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:

@@ -230,16 +230,16 @@ def load_checks(
 
     `records` (all stages by name) lets the cumulative check walk ancestors beyond the parent.
     """
+    rules = policy.latency
+    if stage.emulated:  # its speed is predicted for the target GPU (capacity what-if) instead
+        return [Check(
+            rule=f"latency.{rules.level}", passed=True, applicable=False,
+            reason=f"not measured: {stage.name} serves dequantized (emulated) weights, so its "
+            "speed here says nothing of the format's; see the capacity what-if (a prediction)",
+        )]
     if stage.load is None or not stage.load.summaries:
         return [missing("load", "load")]
     checks = error_rate_checks(stage, policy)
-    rules = policy.latency
-    if stage.emulated:
-        return checks + [Check(
-            rule=f"latency.{rules.level}", passed=True, applicable=False,
-            reason=f"not gated: {stage.name} serves dequantized (emulated) weights, so its speed "
-            "is not representative",
-        )]
     known = dict(records or {}) | {parent.name: parent, baseline.name: baseline}
     # An emulated parent's speed means nothing: the reference is the baseline, served as is.
     reference = baseline if parent.emulated else parent

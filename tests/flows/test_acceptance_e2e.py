@@ -197,9 +197,14 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
     seconds = (measured["end_time"] - measured["start_time"]).dt.total_seconds()
     assert (measured["status"] == "FINISHED").all() and (seconds > 5).all(), seconds
     for column in ("metrics.engine.kv_cache_tokens", "metrics.quality.math.exact_match",
-                   "metrics.quality.perplexity", "metrics.load.high.ttft_p50_ms",
-                   "metrics.load.low.tpot_p50_ms", "metrics.load.high.output_tokens_per_s"):
+                   "metrics.quality.perplexity"):
         assert nested[column].notna().all(), column
+    # Emulated stages (w8, w4: dequantized weights) have their speed predicted, never measured.
+    served = nested[nested["tags.stage"].isin(["baseline", "control", "a8"])]
+    emulated = nested[nested["tags.stage"].isin(["w8", "w4"])]
+    for column in ("metrics.load.high.ttft_p50_ms", "metrics.load.low.tpot_p50_ms",
+                   "metrics.load.high.output_tokens_per_s"):
+        assert served[column].notna().all() and emulated[column].isna().all(), column
     a8 = nested[nested["tags.stage"] == "a8"].iloc[0]
     a8_passed = next(s["passed"] for s in verdict["stages"] if s["stage"] == "a8")
     assert a8["params.axis.activations"] == "int8/token/dynamic"

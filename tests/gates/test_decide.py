@@ -6,7 +6,7 @@ from gates.decide import decide, load_records
 from gates.policy import GatePolicy, load_policy
 from gates.record import RunManifest
 from infra.errors import SpecError
-from tests.gates.records import paired, record
+from tests.gates.records import chain, paired, record
 
 POLICY = GatePolicy()
 BASE_SCORES = [1.0] * 30 + [0.0] * 30
@@ -171,3 +171,17 @@ def test_a_control_stage_that_holds_goes_and_is_never_the_candidate():
     assert verdict.accepted_stage == "w" and "--model w" in verdict.rollback_command
     alone = decide("c", [record("baseline", None, BASE_SCORES), control], POLICY)
     assert alone.decision == "rollback" and "no candidate stage was measured" in alone.reasons
+
+
+def test_an_emulated_stage_without_load_is_judged_on_quality_and_reported(tmp_path):
+    from gates.report import write_report
+
+    stages = chain()
+    stages[1].emulated, stages[1].load, stages[1].paired_load = True, None, None
+    verdict = decide("c", stages, load_policy("default"))
+    latency = [c for s in verdict.stages if s.stage == stages[1].name for c in s.checks
+               if c.rule.startswith("latency")]
+    assert len(latency) == 1 and not latency[0].applicable and "not measured" in latency[0].reason
+    assert not any(c.rule == "load" for s in verdict.stages for c in s.failures)
+    report = write_report(verdict, stages, tmp_path / "report")
+    assert report["html"].is_file()
