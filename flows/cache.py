@@ -24,6 +24,7 @@ from pathlib import Path
 from flows.plan import Stage
 from flows.spec import Spec
 from infra.digest import checkpoint_digest, folder_digest, hardware
+from infra.secrets import ENGINE_KEY_ENV
 from infra.vllm_engine import build_command
 
 # Bump when a stored stage's layout or meaning changes: every older entry is then a miss.
@@ -54,6 +55,7 @@ def engine_part(spec: Spec, stage: Stage) -> dict:
                 "model": engine.model}
     served = engine.model_copy(update={"port": 0, "startup_timeout_s": 0})
     command, env = build_command(served, Path("CHECKPOINT"), stage.engine_flags, python="python")
+    env.pop(ENGINE_KEY_ENV, None)  # an API key guards the server; it changes no measurement
     return {"kind": "vllm", "version": engine_version(), "command": command, "env": env}
 
 

@@ -116,3 +116,12 @@ def test_store_and_restore_round_trip_and_replace(tmp_path):
     assert (target / "quality" / "items.json").read_text() == "[1, 2]"
     assert json.loads((target / "cache-key.json").read_text()) == {"a": 1}
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["k"]  # no scratch left behind
+
+
+def test_an_api_key_moves_no_key_and_is_not_stored(tmp_path):
+    plain = spec(tmp_path)
+    guarded = plain.model_copy(update={"engine": plain.engine.model_copy(
+        update={"extra_args": ["--api-key", "sk-planted-cache-1234"]})})
+    assert keys(guarded) == keys(plain)
+    parts = stage_keys(plan(guarded), guarded, PROFILE, POLICY)
+    assert "sk-planted-cache-1234" not in json.dumps(parts)
