@@ -155,3 +155,22 @@ def test_the_good_spec_of_the_table_validates(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(base_spec(tmp_path)))
     result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("uri, expected", [
+    (f"postgresql+nodriver://bob:{SECRET}@127.0.0.1:1/mlflow",
+     "its database driver cannot be loaded"),
+    (f"http://bob:{SECRET}@127.0.0.1:1", "the MLflow server does not answer"),
+])
+def test_a_tracking_store_that_cannot_open_is_one_line_without_its_password(tmp_path, monkeypatch,
+                                                                          uri, expected):
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(base_spec(tmp_path)))
+    for command in ("validate", "run"):
+        result = runner.invoke(app, [command, str(path)],
+                               env={"COLUMNS": "300", "MLFLOW_TRACKING_URI": uri})
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert expected in lines[0] and "bob:<redacted>@" in lines[0]
+        assert SECRET not in result.output
