@@ -53,6 +53,9 @@ SAMPLE_MESSAGE = "qg_sample"
 # A pause after a failed request, so a dead server is not hammered in a tight loop.
 ERROR_BACKOFF_S = 0.1
 JSON_HEADERS = {"Content-Type": "application/json"}
+# The engine's API key, if it has one: quantgate hands it over in OPENAI_API_KEY (infra/secrets.py).
+if os.environ.get("OPENAI_API_KEY"):
+    JSON_HEADERS["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
 # A chunk that carries no token: vLLM's final usage chunk (compact JSON) or one written with
 # spaces. Inside a JSON string these quotes would be escaped, so a token's text cannot match.
 NO_CHOICES = (b'"choices":[]', b'"choices": []')
