@@ -6,10 +6,9 @@ Starts a vLLM server (or uses --base-url), then per concurrency runs both client
 random-token workload (prompt and output lengths, ignore_eos, closed loop at the same
 concurrency, same request count and warm-up count) and prints TTFT/TPOT medians, output
 throughput and quantgate/vLLM ratios. Goal: medians within ±5 %, throughput ratio >= 0.95.
-The two clients run in ABBA order (--rounds, default 2), so a drifting server (a shared
-machine) does not favour one side; an unmeasured run per concurrency warms the engine first, so
-the first measured run does not pay for it; and every run has its own seed, so no run replays
-another's prompts (a prefix-cache hit would cut its TTFT).
+The two clients take turns in many short runs (ABBA..., --rounds, default 6), and each run is
+compared with its neighbour in the same round, so a shared machine whose speed swings does not
+favour one side (see `compare`).
 """
 
 from __future__ import annotations
@@ -108,25 +107,29 @@ def verdict(ratio: dict) -> bool:
 
 
 def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: list[int],
-            out: Path, rounds: int = 2) -> list[dict]:
-    """Per concurrency, `rounds` runs of each side in ABBA order; medians and rates averaged.
+            out: Path, rounds: int = 6, requests_per_user: int = 8,
+            warmup_per_user: int = 1) -> list[dict]:
+    """Per concurrency, `rounds` rounds of one short run per side (ABBA...); paired ratios.
 
-    On a shared machine the server's speed drifts; ABBA order cancels a linear drift. Each
-    concurrency starts with an unmeasured warm-up run, and each run has a seed of its own.
+    A shared machine's speed swings by tens of percent within a minute, so a few long runs
+    compare different machines. Many short runs, each compared with its neighbour in the same
+    round, cancel what the neighbours share; the ratio is the geometric mean over rounds. At
+    concurrency > 1 a closed loop also keeps, for the whole run, whichever grouping of prefills
+    its first requests fell into; short runs sample that grouping anew each time.
+
+    Every run has `requests_per_user` x concurrency measured requests after `warmup_per_user` x
+    concurrency warm-up ones: whole rounds of the closed loop, as vLLM measures them (a partial
+    round would leave users idle inside the measured span). Each concurrency starts with an
+    unmeasured run that warms the engine, and every run has a seed of its own, so no run
+    replays another's prompts.
     """
-    for concurrency in users:
-        if profile.requests % concurrency or profile.warmup_requests % concurrency:
-            # vLLM runs its warm-up apart, then every measured request in full rounds; in one
-            # closed loop a partial round would leave users idle inside the measured span.
-            raise ValueError(
-                f"requests ({profile.requests}) and warm-up requests ({profile.warmup_requests}) "
-                f"must be multiples of every concurrency; {concurrency} does not divide them"
-            )
     rows = []
     seeds = itertools.count(profile.seed)
     for concurrency in users:
-        warmup = profile.model_copy(update={"seed": next(seeds), "warmup_requests": 0,
-                                            "requests": WARMUP_RUN_REQUESTS_PER_USER * concurrency})
+        sized = profile.model_copy(update={"requests": requests_per_user * concurrency,
+                                           "warmup_requests": warmup_per_user * concurrency})
+        warmup = sized.model_copy(update={"seed": next(seeds), "warmup_requests": 0,
+                                          "requests": WARMUP_RUN_REQUESTS_PER_USER * concurrency})
         run_level(base_url, model, warmup, f"c{concurrency}", concurrency,
                   out / f"c{concurrency}-warmup")
         runs: dict[str, list[dict]] = {"quantgate": [], "vllm": []}
@@ -135,18 +138,26 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
         for index, side in enumerate(order):
             run_out = out / f"c{concurrency}-run{index + 1}"
             run_out.mkdir(parents=True, exist_ok=True)
-            run_profile = profile.model_copy(update={"seed": next(seeds)})
+            run_profile = sized.model_copy(update={"seed": next(seeds)})
             if side == "quantgate":
                 figures = quantgate_side(base_url, model, run_profile, concurrency, run_out)
             else:
                 figures = vllm_side(base_url, model, tokenizer, run_profile, concurrency, run_out)
             runs[side].append(figures)
             print(f"c={concurrency} run {index + 1} {side}: {json.dumps(figures)}", flush=True)
+        per_round = [ratios(ours, theirs)
+                     for ours, theirs in zip(runs["quantgate"], runs["vllm"], strict=True)]
+        ratio = {key: _geometric_mean([r[key] for r in per_round]) for key in per_round[0]}
         sides = {side: _mean(figures) for side, figures in runs.items()}
-        ratio = ratios(sides["quantgate"], sides["vllm"])
         rows.append({"concurrency": concurrency, "order": order, "runs": runs, **sides,
-                     "ratio": ratio, "within_goal": verdict(ratio)})
+                     "round_ratios": per_round, "ratio": ratio, "within_goal": verdict(ratio)})
     return rows
+
+
+def _geometric_mean(values: list[float | None]) -> float | None:
+    if not values or any(v is None or v <= 0 for v in values):
+        return None
+    return float(np.exp(np.mean(np.log(values))))
 
 
 def _mean(figures: list[dict]) -> dict:
@@ -162,9 +173,17 @@ def print_table(rows: list[dict]) -> None:
             print(f"{row['concurrency']:>4} {side:>9} {s['median_ttft_ms']:>12.2f} "
                   f"{s['median_tpot_ms']:>12.2f} {s['output_throughput']:>10.2f} {s['requests']:>5}")
         r = row["ratio"]
-        print(f"{row['concurrency']:>4} {'ratio':>9} {r['median_ttft_ms']:>12.3f} "
-              f"{r['median_tpot_ms']:>12.3f} {r['output_throughput']:>10.3f}  "
+        print(f"{row['concurrency']:>4} {'ratio':>9} {_fmt(r['median_ttft_ms']):>12} "
+              f"{_fmt(r['median_tpot_ms']):>12} {_fmt(r['output_throughput']):>10}  "
               f"{'within goal' if row['within_goal'] else 'MISSES goal'}")
+        for key, label in (("median_ttft_ms", "TTFT"), ("median_tpot_ms", "TPOT"),
+                           ("output_throughput", "throughput")):
+            each = " ".join(_fmt(r[key]) for r in row["round_ratios"])
+            print(f"{'':>4} {'':>9} {label} ratio per round: {each}")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,9 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,4", help="Comma-separated, e.g. 1,4")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=40)
-    parser.add_argument("--warmup-requests", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2, help="Runs per side, in ABBA order.")
+    parser.add_argument("--requests-per-user", type=int, default=8,
+                        help="Measured requests per run: this many per concurrent user.")
+    parser.add_argument("--warmup-per-user", type=int, default=1,
+                        help="Unmeasured requests at the start of every run, per user.")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="Rounds of one run per side, in ABBA order.")
     parser.add_argument("--out", type=Path, default=Path("runs/fidelity"))
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the server and Locust are stopped.
@@ -185,16 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     users = [int(c) for c in args.concurrency.split(",")]
     profile = LoadProfile(
         low_users=min(users), high_users=max(users), prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens, requests=args.requests,
-        warmup_requests=args.warmup_requests, request_timeout_s=300,
+        output_tokens=args.output_tokens, requests=args.requests_per_user,
+        warmup_requests=args.warmup_per_user, request_timeout_s=300,
     )
+    sizes = {"rounds": args.rounds, "requests_per_user": args.requests_per_user,
+             "warmup_per_user": args.warmup_per_user}
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer = str(args.model_dir.resolve())
     if args.base_url:
         from infra.probe import get_json
 
         model = get_json(args.base_url, "/v1/models")["data"][0]["id"]
-        rows = compare(args.base_url, model, tokenizer, profile, users, args.out, args.rounds)
+        rows = compare(args.base_url, model, tokenizer, profile, users, args.out, **sizes)
     else:
         from flows.spec import EngineFlags, VllmEngineSpec
         from infra.vllm_engine import VllmEngine
@@ -205,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         with engine as facts:
             print(f"server healthy in {facts.startup_s}s: {facts.base_url} ({facts.model})", flush=True)
             rows = compare(facts.base_url, facts.model, tokenizer, profile, users, args.out,
-                           args.rounds)
+                           **sizes)
     (args.out / "fidelity.json").write_text(json.dumps(rows, indent=1))
     print_table(rows)
     return 0 if all(row["within_goal"] for row in rows) else 1

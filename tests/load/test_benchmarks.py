@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from load import benchmark_fidelity, benchmark_overhead
@@ -34,34 +35,34 @@ def test_overhead_benchmark_measures_locust_and_the_reference_on_one_server(tmp_
     assert "Added latency" in capsys.readouterr().out
 
 
-def test_fidelity_warms_up_alternates_and_never_replays_prompts(fake_openai, tmp_path,
-                                                                monkeypatch):
+def test_fidelity_warms_up_alternates_pairs_rounds_and_never_replays_prompts(
+        fake_openai, tmp_path, monkeypatch, capsys):
     calls = []
 
     def vllm_side(base_url, model, tokenizer, profile, users, out):
         # Stands in for `vllm bench serve`: the same work through quantgate's own client.
-        calls.append(profile.seed)
+        calls.append((profile.seed, profile.requests, profile.warmup_requests))
         return benchmark_fidelity.quantgate_side(base_url, model, profile, users, out)
 
     monkeypatch.setattr(benchmark_fidelity, "vllm_side", vllm_side)
     profile = LoadProfile(low_users=2, high_users=2, prompt_tokens=16, output_tokens=4,
-                          requests=6, warmup_requests=2, request_timeout_s=10, seed=3)
+                          requests=1, warmup_requests=1, request_timeout_s=10, seed=3)
     rows = benchmark_fidelity.compare(fake_openai.base_url, "fake-model", "tok", profile, [2],
-                                      tmp_path, rounds=2)
+                                      tmp_path, rounds=3, requests_per_user=3, warmup_per_user=1)
     (row,) = rows
-    assert row["order"] == ["quantgate", "vllm", "vllm", "quantgate"]
+    assert row["order"] == ["quantgate", "vllm", "vllm", "quantgate", "quantgate", "vllm"]
     assert (tmp_path / "c2-warmup" / "samples_c2.jsonl").exists()
-    assert len(calls) == 2 and len(set(calls)) == 2
-    # Warm-up (6) + four runs of 8: every prompt the server saw was new to it.
+    # Whole closed-loop rounds: 3 measured and 1 warm-up request per user, every run its own seed.
+    assert [c[1:] for c in calls] == [(6, 2)] * 3 and len({c[0] for c in calls}) == 3
+    assert all(run["requests"] == 6 for side in row["runs"].values() for run in side)
+    # Warm-up run (6) + six runs of 8: every prompt the server saw was new to it.
     prompts = [tuple(body["prompt"]) for body in fake_openai.requests]
-    assert len(prompts) == 6 + 4 * 8 == len(set(prompts))
-    assert set(row["ratio"]) == {"median_ttft_ms", "median_tpot_ms", "output_throughput"}
+    assert len(prompts) == 6 + 6 * 8 == len(set(prompts))
+    # One ratio per round (each run against its neighbour), summarised by their geometric mean.
+    assert len(row["round_ratios"]) == 3
+    ttft = [r["median_ttft_ms"] for r in row["round_ratios"]]
+    assert row["ratio"]["median_ttft_ms"] == pytest.approx(float(np.exp(np.mean(np.log(ttft)))))
     assert row["quantgate"]["median_done_gap_ms"] < 5
     assert isinstance(row["within_goal"], bool)
-
-
-def test_fidelity_refuses_counts_that_leave_a_partial_round(tmp_path):
-    profile = LoadProfile(low_users=1, high_users=4, prompt_tokens=16, output_tokens=4,
-                          requests=40, warmup_requests=2, request_timeout_s=10)
-    with pytest.raises(ValueError, match=r"warm-up requests \(2\).*4 does not divide"):
-        benchmark_fidelity.compare("http://127.0.0.1:9", "m", "tok", profile, [1, 4], tmp_path)
+    benchmark_fidelity.print_table(rows)
+    assert "TTFT ratio per round" in capsys.readouterr().out
