@@ -1,17 +1,20 @@
 """Overhead benchmark: the latency quantgate's Locust adds on its own, against a server that answers at once.
 
     python -m load.benchmark_overhead [--concurrency 1,4] [--requests 300] [--rounds 2]
+    python -m load.benchmark_overhead --first-token-ms 5 --token-ms 1   # paced like an engine
 
-A zero-delay OpenAI-compatible server (its own process, asyncio, pre-encoded chunks) streams
-every token of a /v1/completions answer as soon as it is asked. Two clients time the same work
-on it in ABBA rounds: the product's Locust path (load.runner.run_level, the real subprocess)
-and a minimal reference client (asyncio sockets, one `in` test per line, no JSON). The server's
-cost and the loopback are in both; what Locust reads above the reference is its own added
-latency. The reference's absolute TTFT (server and loopback included) bounds its own cost.
+A zero-delay OpenAI-compatible server (its own process, asyncio, pre-encoded chunks, TCP_NODELAY)
+answers every /v1/completions stream as soon as it has read the request, and notes on its own
+clock when it read it and when it wrote the first and last token. Per request, a client's
+TTFT minus the server's (first token written - request read) is what the client added: its
+send path, the loopback, its receive path and its bookkeeping. The same for TPOT is its
+per-token cost. Two clients take turns (ABBA) on the same server: the product's Locust path
+(load.runner.run_level, the real Locust subprocess) and a minimal reference client (asyncio
+sockets, one substring test per line, no JSON), whose figures are the floor this machine sets:
+what a shared box's scheduler adds shows in both.
 
-Printed per concurrency level: p50 / p99 TTFT of each client and the difference, and the same
-for TPOT (per-token cost: (last token - first token) / (tokens - 1), vLLM's definition).
-Goal: added TTFT and TPOT <= 1 ms at p50 and p99.
+Printed per concurrency level: p50 / p99 added TTFT and TPOT of each client. Goal: Locust's
+added TTFT and TPOT <= 1 ms at p50 and p99.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from load.runner import run_level
 
 GOAL_MS = 1.0
 MODEL = "zero-delay"
-READY_WAIT_S = 20
 
 
 # ---------------------------------------------------------------- the zero-delay server
