@@ -151,6 +151,117 @@ def gate(
     raise typer.Exit(verdict.exit_code)
 
 
+def _whatif_inputs(source: Path, profile: str | None):
+    """(stages as (name, emulated, config.json dict, axes), workload, where the workload came
+    from, lines on stages left out) from a spec or a results folder."""
+    from gates.whatif import workload_from_profile
+    from gates.whatif.records import run_workload, stage_shape
+    from load.profile import load_profile, profile_path
+
+    skipped: list[str] = []
+    if (source / "manifest.json").is_file():
+        from gates.decide import load_records
+
+        _, records = load_records(source)
+        stages = []
+        for record in records:
+            found = stage_shape(record)
+            if found.config is None:
+                skipped.append(f"{record.name}: {found.source}")
+            else:
+                stages.append((record.name, record.emulated, found.config, record.axes))
+        if profile is None:
+            workload, origin = run_workload(source)
+            return stages, workload, origin, skipped
+    elif source.is_file():
+        from flows.plan import plan
+        from flows.spec import load_spec
+        from infra.checkpoint import read_config
+
+        spec = load_spec(source)
+        stages = [(stage.name, stage.axes.emulated, read_config(stage.checkpoint),
+                   stage.axes.model_dump()) for stage in plan(spec)]
+        if profile is None:
+            name = spec.load_profile
+            if Path(name).suffix in (".yaml", ".yml") and not Path(name).is_absolute():
+                name = str(source.resolve().parent / name)
+            profile = name
+    else:
+        raise QuantgateError(f"{source} is neither a spec (a YAML file) nor a results folder "
+                             "(a folder with manifest.json)")
+    return (stages, workload_from_profile(load_profile(profile)),
+            f"load profile {profile_path(profile)}", skipped)
+
+
+@app.command()
+def whatif(
+    source: Annotated[Path, typer.Argument(help="A spec (YAML) or a results folder.")],
+    gpu: Annotated[list[str] | None, typer.Option(
+        help="Target GPU of gates/whatif/gpus.yaml (repeatable); default: h100-sxm and b200.")] = None,
+    rate: Annotated[float | None, typer.Option(
+        min=0.0, help="Also the p99 latencies and goodput at this Poisson rate (req/s).")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="Load profile (name or path) for request sizes and SLO; default: the spec's.")] = None,
+) -> None:
+    """Predict each stage's low-load TTFT / TPOT and the highest request rate meeting the load
+    profile's SLO on target GPUs (a roofline and a simulated vLLM scheduler: a prediction, never a
+    measurement). An emulated stage is predicted in its real format."""
+    import json
+
+    import pandas as pd
+
+    from gates.whatif import whatif_table
+    from gates.whatif.hardware import load_devices
+    from gates.whatif.section import DEFAULT_GPUS, describe_workload
+
+    known = load_devices()
+    gpus = gpu or list(DEFAULT_GPUS)
+    unknown = [name for name in gpus if name not in known]
+    if unknown:
+        fail(f"unknown GPU {unknown[0]!r}; known: {', '.join(known)}")
+    if rate is not None and rate <= 0:
+        fail(f"--rate must be above 0 req/s, got {rate:g}")
+    try:
+        stages, workload, origin, skipped = _whatif_inputs(source, profile)
+        predicted: dict[str, pd.DataFrame] = {}  # stages that serve alike are predicted once
+        tables = []
+        for name, emulated, config, axes in stages:
+            key = json.dumps([config, axes], sort_keys=True, default=str)
+            if key not in predicted:
+                predicted[key] = whatif_table(config, {name: axes}, gpus, workload, rate=rate)
+            tables.append(predicted[key].assign(stage=name, emulated=emulated))
+    except QuantgateError as err:
+        fail(str(err))
+    table = Table(title=f"Capacity what-if of {escape(source.name)}: PREDICTION, not a measurement",
+                  caption=escape(f"{describe_workload(workload)}. Workload: {origin}."),
+                  caption_justify="left")
+    columns = ["stage", "GPU", "TTFT ms (low load)", "TPOT ms (low load)", "capacity req/s",
+               "p99 TTFT / TPOT ms at capacity"]
+    if rate is not None:
+        columns.append(f"p99 TTFT / TPOT ms, goodput at {rate:g} req/s")
+    for column in [*columns, "format"]:
+        table.add_column(column, overflow="fold")
+
+    def number(value, digits: str = ".3g") -> str:
+        return "-" if value is None or pd.isna(value) else format(value, digits)
+
+    rows = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    for row in rows.to_dict("records"):
+        cells = [row["stage"] + (" (emulated: real format)" if row["emulated"] else ""), row["gpu"],
+                 number(row["ttft_ms"]), number(row["tpot_ms"]),
+                 number(row["capacity_rps"], ",.4g"),
+                 f"{number(row['ttft_p99_ms'])} / {number(row['tpot_p99_ms'])}"]
+        if rate is not None:
+            cells.append(f"{number(row['rate_ttft_p99_ms'])} / {number(row['rate_tpot_p99_ms'])}, "
+                         f"{number(row['rate_goodput'], '.0%')}")
+        table.add_row(*(escape(str(cell)) for cell in [*cells, row["format"]]))
+    console.print(table)
+    for source_line in sorted(set(rows["source"])) if len(rows) else []:
+        console.print(f"Source: {escape(source_line)}.", highlight=False, soft_wrap=True)
+    for line in skipped:
+        console.print(f"[yellow]no what-if for[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 def compare(
     candidates: Annotated[list[str] | None, typer.Argument(help="Candidate names; default: all.")] = None,

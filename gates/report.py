@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from gates import plots
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Check, StageVerdict, Verdict
+from gates.whatif.search import Workload
+from gates.whatif.section import DEFAULT_GPUS, whatif_section
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_FLIPS_SHOWN = 40
@@ -249,7 +252,7 @@ def set_sizes(verdict: Verdict, records: list[StageRecord]) -> list[dict[str, An
 
 
 def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
-             images: dict[str, Path], run: str) -> dict[str, Any]:
+             images: dict[str, Path], run: str, whatif: Any) -> dict[str, Any]:
     set_names = sorted({name for r in records if r.quality for name in r.quality.tasks})
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
     by_name = {r.name: r for r in records}
@@ -265,7 +268,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
-        "cache": cache_rows(records, run),
+        "cache": cache_rows(records, run), "whatif": whatif,
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
@@ -285,12 +288,16 @@ def _environment(autoescape: bool):
 
 def write_report(
     verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
-    run: str | None = None,
+    run: str | None = None, workload: Workload | None = None, workload_source: str = "",
+    whatif_gpus: Sequence[str] = DEFAULT_GPUS,
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir.
 
     `run`: the results folder name of the run reported on (default: out_dir's name, as the flow
     names the two alike); a stage measured in another run came from the stage cache.
+    `workload` (`gates.whatif.workload_from_profile(profile)`) and `workload_source`: the run's
+    load profile for the capacity what-if; without it the what-if predicts the reference
+    workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
@@ -302,7 +309,8 @@ def write_report(
                                                 out_dir / "length_ratios.png"),
     }
     images = {name: path for name, path in drawn.items() if path is not None}
-    context = _context(verdict, records, signer, images, run or out_dir.name)
+    whatif = whatif_section(records, workload, workload_source, whatif_gpus)
+    context = _context(verdict, records, signer, images, run or out_dir.name, whatif)
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

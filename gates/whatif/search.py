@@ -31,6 +31,9 @@ class SimSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     warmup_s: float = Field(default=10.0, ge=0, description="Arrivals before this are not measured.")
+    max_warmup_requests: int | None = Field(
+        default=None, ge=0, description="At most this many warm-up arrivals (a small model's "
+        "capacity runs to thousands of req/s, where 10 s of warm-up is most of the cost).")
     measured_requests: int = Field(default=2000, gt=0, description="Requests judged per rate.")
     seed: int = 0
     iterations: int = Field(
@@ -68,6 +71,8 @@ def at_rate(
     """Serve Poisson arrivals at `rate` req/s; the same seed draws the same arrivals scaled to it."""
     settings = settings or SimSettings()
     warmup = int(np.ceil(rate * settings.warmup_s))
+    if settings.max_warmup_requests is not None:
+        warmup = min(warmup, settings.max_warmup_requests)
     count = warmup + settings.measured_requests
     gaps = np.random.default_rng(settings.seed).standard_exponential(count)
     arrivals = np.cumsum(gaps) / rate

@@ -1,0 +1,236 @@
+"""The sign-off report's "Capacity what-if (prediction)" section, from stage records alone.
+
+Two parts. On target GPUs: each stage's predicted low-load TTFT / TPOT and SLO capacity, an
+emulated stage in its real format (its axes), never its bf16 twin. On this CPU: the roofline's
+two efficiency knobs fitted to the baseline stage as measured, then every really-served stage
+predicted and put beside its measurement, so a reader sees how far the model can be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gates.record import StageRecord
+from gates.whatif import predict_stage
+from gates.whatif.calibrate import Baseline, calibrate
+from gates.whatif.cpu import cpu_device
+from gates.whatif.hardware import Device, device
+from gates.whatif.records import kv_cache_gib, low_load_measured, stage_shape
+from gates.whatif.scheduler import SchedulerConfig
+from gates.whatif.search import SimSettings, Workload, capacity, low_load
+from gates.whatif.shape import ModelShape, stage_format
+from gates.whatif.steptime import Roofline
+from infra.errors import QuantgateError
+from load.profile import Slo
+
+DEFAULT_GPUS = ("h100-sxm", "b200")
+# Shorter than the what-if's defaults (10 s warm-up, 2,000 requests per rate, 10 bisection steps):
+# the report is written at the end of every run and must not take minutes. The warm-up is what
+# costs (a 135M model on an H100 runs at ~10^4 req/s: 10 s is 10^5 simulated requests per rate
+# tried), and what catches a slowly growing queue. On the demo model (SmolLM2-135M, profile ci,
+# H100 and B200) these read capacities -2 % to +8 % of the defaults' in a quarter of the time.
+REPORT_SETTINGS = SimSettings(warmup_s=5.0, measured_requests=300, iterations=5)
+# When the caller does not pass the run's load profile (the records do not keep request sizes).
+REFERENCE_WORKLOAD = Workload(prompt_tokens=1024, output_tokens=256,
+                              slo=Slo(ttft_ms=1000.0, tpot_ms=40.0), target=0.99)
+NOT_COMPARABLE = "not comparable: measured speed is of the dequantized bf16 twin"
+
+
+@dataclass
+class WhatifSection:
+    """What the templates show; every figure in `rows` and `cpu_rows` is a prediction."""
+
+    workload: str
+    workload_source: str
+    gpus: list[str]
+    settings: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    cpu_device: str = ""
+    cpu_source: str = ""
+    cpu_knobs: str = ""
+    cpu_note: str = ""
+    cpu_rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _number(value: float | None, digits: str = ".1f") -> str:
+    return "—" if value is None else format(value, digits)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return format(value, ".3f" if value < 1 else ".2f" if value < 10 else ".1f")
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.3g}" if value < 1000 else f"{value:,.0f}"
+
+
+def _error(predicted: float | None, measured: float | None) -> str:
+    if predicted is None or measured is None or not measured:
+        return "—"
+    error = predicted / measured - 1
+    return "0%" if abs(error) < 0.005 else f"{error:+.0%}"
+
+
+def describe_workload(workload: Workload) -> str:
+    slo = workload.slo
+    bounds = " and ".join(text for text in (
+        f"TTFT ≤ {slo.ttft_ms:g} ms" if slo.ttft_ms else "",
+        f"TPOT ≤ {slo.tpot_ms:g} ms" if slo.tpot_ms else "") if text)
+    return (f"{workload.prompt_tokens} prompt / {workload.output_tokens} output tokens; capacity = "
+            f"highest Poisson rate at which {workload.target:.0%} of requests meet {bounds}")
+
+
+def _describe_settings(settings: SimSettings) -> str:
+    warmup = (f"{settings.warmup_s:g} s of warm-up (at most {settings.max_warmup_requests} "
+              "requests)" if settings.max_warmup_requests is not None
+              else f"{settings.warmup_s:g} s of warm-up")
+    return (f"{settings.measured_requests} simulated requests per rate after {warmup}, "
+            f"{settings.iterations} bisection steps, seed {settings.seed}")
+
+
+def _shapes(records: list[StageRecord], section: WhatifSection) -> dict[str, ModelShape]:
+    shapes = {}
+    for record in records:
+        if record.facts is None and not record.shape:
+            section.skipped.append(f"{record.name}: the engine never came up (no model shape)")
+            continue
+        found = stage_shape(record)
+        if found.config is None:
+            section.skipped.append(f"{record.name}: {found.source}")
+            continue
+        try:
+            shapes[record.name] = ModelShape.from_config(found.config)
+        except QuantgateError as err:
+            section.skipped.append(f"{record.name}: {err}")
+    return shapes
+
+
+def _gpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], targets: list[Device],
+              workload: Workload, settings: SimSettings, section: WhatifSection) -> None:
+    done: dict[str, list[dict[str, Any]]] = {}  # stages that serve alike are predicted once
+    for record in records:
+        if record.name not in shapes:
+            continue
+        key = json.dumps([shapes[record.name].model_dump(), record.axes], sort_keys=True)
+        if key not in done:
+            try:
+                done[key] = [predict_stage(shapes[record.name], record.axes, target, workload,
+                                           settings=settings) for target in targets]
+            except QuantgateError as err:
+                section.skipped.append(f"{record.name}: {err}")
+                continue
+        for row in done[key]:
+            section.rows.append({
+                "stage": record.name, "emulated": record.emulated, "gpu": row["gpu"],
+                "ttft": _ms(row["ttft_ms"]), "tpot": _ms(row["tpot_ms"]),
+                "capacity": _rate(row["capacity_rps"]),
+                "p99": f"{_ms(row['ttft_p99_ms'])} / {_ms(row['tpot_p99_ms'])}",
+                "weights": _number(row["weights_gib"], ".2f"), "format": row["format"],
+            })
+            if row["source"] not in section.sources:
+                section.sources.append(row["source"])
+
+
+def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workload: Workload,
+              settings: SimSettings, section: WhatifSection, described: Device | None) -> None:
+    baseline = next((r for r in records if r.kind == "baseline"), None)
+    measured = low_load_measured(baseline) if baseline else None
+    if baseline is None or measured is None or baseline.name not in shapes:
+        section.cpu_note = ("not made: the baseline stage has no low-load measurement with one "
+                            "user, or no model shape")
+        return
+    shape = shapes[baseline.name]
+    scheduler = SchedulerConfig(kv_cache_gib=kv_cache_gib(baseline))
+    described = described or cpu_device()
+    section.cpu_device, section.cpu_source = described.name, described.source
+    try:
+        fitted = calibrate(described, shape, stage_format(baseline.axes, shape),
+                           Baseline(prompt_tokens=workload.prompt_tokens,
+                                    output_tokens=workload.output_tokens,
+                                    ttft_ms=measured[0], tpot_ms=measured[1]), scheduler)
+    except QuantgateError as err:
+        section.cpu_note = f"not made: calibration failed: {err}"
+        return
+    section.cpu_knobs = (f"{fitted.efficiency.describe()} (fitted to {baseline.name}'s low-load "
+                         f"TTFT {measured[0]:.1f} ms and TPOT {measured[1]:.2f} ms)")
+    for record in records:
+        if record.name not in shapes or record.load is None:
+            continue
+        seen = low_load_measured(record)
+        config = SchedulerConfig(kv_cache_gib=kv_cache_gib(record))
+        try:
+            roofline = Roofline(shapes[record.name], stage_format(record.axes, shapes[record.name]),
+                                fitted)
+            ttft, tpot = low_load(roofline, config, workload)
+            most, _, _ = capacity(roofline, config, workload, settings)
+        except QuantgateError as err:
+            section.skipped.append(f"{record.name} on the CPU: {err}")
+            continue
+        searched = record.load.capacity_note is not None
+        measured_rate = record.load.capacity_rps if searched else None
+        if record.name == baseline.name:
+            note = "calibration point (fitted to it)"
+        elif record.emulated:
+            note = NOT_COMPARABLE
+        else:
+            note = ""
+        comparable = not record.emulated
+        section.cpu_rows.append({
+            "stage": record.name, "emulated": record.emulated, "note": note,
+            "ttft": _ms(ttft), "ttft_measured": _ms(seen[0] if seen else None),
+            "ttft_error": _error(ttft, seen[0] if seen else None) if comparable else "—",
+            "tpot": _ms(tpot), "tpot_measured": _ms(seen[1] if seen else None),
+            "tpot_error": _error(tpot, seen[1] if seen else None) if comparable else "—",
+            "capacity": _rate(most),
+            "capacity_measured": (_rate(measured_rate) if measured_rate is not None
+                                  else "none passed" if searched else "not searched"),
+            "capacity_error": _error(most, measured_rate) if comparable else "—",
+            # Numbers for the benchmark script and tests.
+            "values": {"ttft": ttft, "tpot": tpot, "capacity": most,
+                       "ttft_measured": seen[0] if seen else None,
+                       "tpot_measured": seen[1] if seen else None,
+                       "capacity_measured": measured_rate, "comparable": comparable},
+        })
+
+
+def whatif_section(
+    records: list[StageRecord],
+    workload: Workload | None = None,
+    workload_source: str = "",
+    gpus: Sequence[str | Device] = DEFAULT_GPUS,
+    settings: SimSettings = REPORT_SETTINGS,
+    cpu: bool = True,
+    cpu_described: Device | None = None,
+) -> WhatifSection:
+    """The section's content. `workload`: the run's load profile (workload_from_profile); None:
+    the reference workload, said so (the records do not keep request sizes). `cpu`: also the
+    check against the run's own measurement, on `cpu_described` (default: this machine's CPU,
+    `gates.whatif.cpu.cpu_device`; the records do not keep the measuring machine's)."""
+    started = time.perf_counter()
+    if workload is None:
+        workload_source = ("the reference workload: the records do not keep the load profile's "
+                           "request sizes and none was passed")
+    targets = [device(gpu) if isinstance(gpu, str) else gpu for gpu in gpus]
+    chosen = workload or REFERENCE_WORKLOAD
+    section = WhatifSection(workload=describe_workload(chosen), workload_source=workload_source,
+                            gpus=[t.key for t in targets], settings=_describe_settings(settings))
+    shapes = _shapes(records, section)
+    _gpu_rows(records, shapes, targets, chosen, settings, section)
+    if not cpu:
+        section.cpu_note = "not made (turned off)"
+    elif workload is None:
+        section.cpu_note = ("not made: the baseline's measurement can only be fitted at the run's "
+                            "own request sizes, and no load profile was passed")
+    else:
+        _cpu_rows(records, shapes, workload, settings, section, cpu_described)
+    section.seconds = time.perf_counter() - started
+    return section

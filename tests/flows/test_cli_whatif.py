@@ -1,0 +1,67 @@
+"""`quantgate whatif`: predicted latency and capacity on target GPUs, from a spec or a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+from gates.record import RunManifest
+from tests.flows.test_spec import write_spec
+from tests.gates.records import UNQUANTIZED, record
+
+runner = CliRunner()
+QWEN = json.loads((Path(__file__).parents[1] / "gates" / "qwen25_7b_config.json").read_text())
+WIDE = {"COLUMNS": "250"}
+
+
+def test_unknown_gpu_is_one_line_listing_the_known_ones(tmp_path):
+    result = runner.invoke(app, ["whatif", str(tmp_path), "--gpu", "h100-sxm", "--gpu", "h1OO"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "unknown GPU 'h1OO'" in lines[0]
+    for known in ("a100-80g", "h100-sxm", "h200", "b200", "l40s"):
+        assert known in lines[0]
+
+
+def test_neither_spec_nor_results_folder_is_refused(tmp_path):
+    result = runner.invoke(app, ["whatif", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "neither a spec" in result.output
+
+
+def test_from_a_spec_every_planned_stage_is_predicted(tmp_path):
+    spec = write_spec(tmp_path)
+    for checkpoint in (tmp_path / "models").iterdir():
+        config = checkpoint / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
+    result = runner.invoke(app, ["whatif", str(spec), "--gpu", "h100-sxm", "--rate", "5"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "PREDICTION, not a measurement" in result.output
+    assert "128 prompt / 32 output tokens" in result.output and "ci.yaml" in result.output
+    for stage in ("baseline", "weights", "activations", "kv"):
+        assert f"│ {stage} " in result.output
+    assert "matmuls in fp8" not in result.output and "matmuls in int8" in result.output
+    assert "KV fp8" in result.output and "goodput at 5 req/s" in result.output
+    assert "Source: roofline, efficiencies" in result.output
+
+
+def test_from_a_results_folder_emulated_stages_in_their_real_format(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("candidate: demo\nload_profile: ci\n")
+    base = record("baseline", None, [1.0, 0.0])
+    w8 = record("w8", "baseline", [1.0, 0.0], axes=UNQUANTIZED | {"weights": "int8/channel"})
+    gone = record("gone", "baseline", [1.0, 0.0])
+    base.shape = w8.shape = dict(QWEN)
+    w8.emulated = True
+    gone.facts.command = ["vllm", "--model", str(tmp_path / "deleted")]
+    run = tmp_path / "run"
+    for stage in (base, w8, gone):
+        stage.save(run / stage.name)
+    RunManifest(candidate="demo", stages=["baseline", "w8", "gone"], spec_path=str(spec)).save(run)
+    result = runner.invoke(app, ["whatif", str(run), "--gpu", "b200"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "w8 (emulated: real format)" in result.output and "int8 weights" in result.output
+    assert "no what-if for gone:" in result.output and "deleted" in result.output
+    assert "PREDICTION" in result.output
