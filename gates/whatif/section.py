@@ -181,6 +181,8 @@ def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workloa
             note = "calibration point (fitted to it)"
         elif record.emulated:
             note = NOT_COMPARABLE
+        elif record.kind == "control":
+            note = "serves the baseline again: its error is the run-to-run noise"
         else:
             note = ""
         comparable = not record.emulated
