@@ -155,7 +155,7 @@ def _whatif_inputs(source: Path, profile: str | None):
     """(stages as (name, emulated, config.json dict, axes), workload, where the workload came
     from, lines on stages left out) from a spec or a results folder."""
     from gates.whatif import workload_from_profile
-    from gates.whatif.records import run_workload, stage_shape
+    from gates.whatif.records import run_workload, spec_workload, stage_shape
     from load.profile import load_profile, profile_path
 
     skipped: list[str] = []
@@ -182,10 +182,8 @@ def _whatif_inputs(source: Path, profile: str | None):
         stages = [(stage.name, stage.axes.emulated, read_config(stage.checkpoint),
                    stage.axes.model_dump()) for stage in plan(spec)]
         if profile is None:
-            name = spec.load_profile
-            if Path(name).suffix in (".yaml", ".yml") and not Path(name).is_absolute():
-                name = str(source.resolve().parent / name)
-            profile = name
+            workload, origin = spec_workload(source, spec.load_profile)
+            return stages, workload, origin, skipped
     else:
         raise QuantgateError(f"{source} is neither a spec (a YAML file) nor a results folder "
                              "(a folder with manifest.json)")

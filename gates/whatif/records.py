@@ -67,24 +67,28 @@ def low_load_measured(record: StageRecord) -> tuple[float, float] | None:
     return summary.ttft_p50_ms, summary.tpot_p50_ms
 
 
+def spec_workload(spec: Path, profile: str) -> tuple[Workload, str]:
+    """The workload of the load profile a spec names (a relative YAML path is relative to the
+    spec, as the acceptance flow reads it)."""
+    from gates.whatif import workload_from_profile
+
+    if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
+        profile = str(spec.resolve().parent / profile)
+    return (workload_from_profile(load_profile(profile)),
+            f"load profile {profile_path(profile)} (from {spec})")
+
+
 def run_workload(results_dir: Path) -> tuple[Workload, str]:
     """The workload of a results folder's run: the load profile its spec named (the spec is read
     again from the path the manifest kept); QuantgateError when the spec or profile is gone."""
-    from gates.whatif import workload_from_profile
-
     spec_path = RunManifest.read(results_dir).spec_path
     if not spec_path:
         raise QuantgateError(f"{results_dir / 'manifest.json'} keeps no spec path: name the load "
                              "profile (--profile)")
     spec = Path(spec_path)
     try:
-        name = (yaml.safe_load(spec.read_text()) or {}).get("load_profile", "demo")
-    except (OSError, yaml.YAMLError) as err:
+        profile = (yaml.safe_load(spec.read_text()) or {}).get("load_profile", "demo")
+    except (OSError, yaml.YAMLError, AttributeError) as err:
         raise QuantgateError(f"the run's spec {spec} cannot be read ({err}): name the load "
                              "profile (--profile)") from err
-    where = Path(name)
-    if where.suffix in (".yaml", ".yml") and not where.is_absolute():
-        where = spec.parent / where  # relative to the spec, as the spec loader reads it
-        name = str(where)
-    profile = load_profile(name)
-    return workload_from_profile(profile), f"load profile {profile_path(name)} (from {spec})"
+    return spec_workload(spec, str(profile))

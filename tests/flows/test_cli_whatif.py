@@ -65,3 +65,16 @@ def test_from_a_results_folder_emulated_stages_in_their_real_format(tmp_path):
     assert "w8 (emulated: real format)" in result.output and "int8 weights" in result.output
     assert "no what-if for gone:" in result.output and "deleted" in result.output
     assert "PREDICTION" in result.output
+
+
+def test_a_named_profile_stands_in_for_a_run_whose_spec_is_gone(tmp_path):
+    base = record("baseline", None, [1.0, 0.0])
+    base.shape = dict(QWEN)
+    run = tmp_path / "run"
+    base.save(run / "baseline")
+    RunManifest(candidate="demo", stages=["baseline"], spec_path=str(tmp_path / "gone.yaml")).save(run)
+    refused = runner.invoke(app, ["whatif", str(run), "--gpu", "l40s"], env=WIDE)
+    assert refused.exit_code == 2 and "--profile" in refused.output
+    result = runner.invoke(app, ["whatif", str(run), "--gpu", "l40s", "--profile", "ci"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "│ baseline │ l40s" in result.output and "profiles/ci.yaml" in result.output
