@@ -1,6 +1,6 @@
 """The capacity what-if checked against a run measured on this CPU: prediction vs measurement.
 
-    python -m gates.benchmark_whatif_cpu RUN_DIR [--profile NAME] [--full]
+    python -m gates.benchmark_whatif_cpu RUN_DIR [--profile NAME] [--quick]
 
 The roofline's two efficiency knobs are fitted to the baseline stage's low-load TTFT and TPOT
 (this machine's CPU described with nominal peaks: the knobs absorb their error); every stage is
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from gates.decide import load_records
-from gates.whatif import SimSettings, workload_from_profile
+from gates.whatif import workload_from_profile
 from gates.whatif.records import run_workload
-from gates.whatif.section import REPORT_SETTINGS, whatif_section
+from gates.whatif.section import CPU_SETTINGS, REPORT_SETTINGS, whatif_section
 from load.profile import load_profile, profile_path
 
 
@@ -27,8 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a results folder (with manifest.json)")
     parser.add_argument("--profile", help="load profile; default: the one the run's spec named")
-    parser.add_argument("--full", action="store_true",
-                        help="the what-if's default simulation (the report's is shorter)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the report's short GPU simulation for the capacity (default: the "
+                        "what-if's defaults, as the report's CPU check uses)")
     args = parser.parse_args()
 
     _, records = load_records(args.run_dir)
@@ -37,9 +38,9 @@ def main() -> None:
         origin = f"load profile {profile_path(args.profile)}"
     else:
         workload, origin = run_workload(args.run_dir)
-    settings = SimSettings() if args.full else REPORT_SETTINGS
     started = time.perf_counter()
-    section = whatif_section(records, workload, origin, gpus=(), settings=settings)
+    section = whatif_section(records, workload, origin, gpus=(),
+                             cpu_settings=REPORT_SETTINGS if args.quick else CPU_SETTINGS)
     print(f"Prediction vs measurement on this CPU — {args.run_dir}")
     print(f"Workload: {section.workload} ({origin})")
     print(f"Device: {section.cpu_device}; {section.cpu_source}")
@@ -47,7 +48,7 @@ def main() -> None:
         print(f"No comparison: {section.cpu_note}")
         return
     print(f"Knobs: {section.cpu_knobs}")
-    print(f"Simulation: {section.settings}\n")
+    print(f"Simulation: {section.cpu_settings}\n")
     print("| stage | TTFT ms predicted | measured | error | TPOT ms predicted | measured | error "
           "| capacity req/s predicted | measured | error | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")

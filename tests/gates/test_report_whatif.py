@@ -47,7 +47,8 @@ def report(tmp_path_factory, monkeypatch_module):
     stages = records(tmp_path_factory.mktemp("checkpoints"))
     # A short simulation and a fixed CPU: the test does not depend on the machine it runs on.
     monkeypatch_module.setattr("gates.report.whatif_section",
-                               partial(whatif_section, settings=QUICK, cpu_described=CPU))
+                               partial(whatif_section, settings=QUICK, cpu_settings=QUICK,
+                                       cpu_described=CPU))
     verdict = decide("demo", stages, GatePolicy())
     out = tmp_path_factory.mktemp("report")
     paths = write_report(verdict, stages, out, workload=WORKLOAD, workload_source="profile ci")

@@ -62,7 +62,7 @@ def test_shape_from_the_record_then_config_json_then_none(tmp_path):
 @pytest.fixture(scope="module")
 def section(tmp_path_factory):
     return whatif_section(records(tmp_path_factory.mktemp("whatif")), WORKLOAD, "profile ci",
-                          settings=QUICK, cpu_described=CPU)
+                          settings=QUICK, cpu_settings=QUICK, cpu_described=CPU)
 
 
 def test_every_stage_with_a_shape_is_predicted_on_both_target_gpus(section):
@@ -106,7 +106,7 @@ def test_without_the_profile_the_reference_workload_is_used_and_said(tmp_path):
 
 def test_a_calibration_that_cannot_fit_says_so(tmp_path):
     slow = describe_device("cpu", tflops={"bf16": 0.001}, bandwidth_gbs=20, memory_gib=23)
-    found = whatif_section(records(tmp_path)[:1], WORKLOAD, gpus=(), settings=QUICK,
+    found = whatif_section(records(tmp_path)[:1], WORKLOAD, gpus=(), cpu_settings=QUICK,
                            cpu_described=slow)
     assert found.cpu_rows == [] and "calibration failed" in found.cpu_note
     assert "faster than" in found.cpu_note
