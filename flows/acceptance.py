@@ -18,7 +18,7 @@ from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
-from flows.plan import Stage, plan
+from flows.plan import Stage, plan, searches_capacity
 from flows.service import host_limit
 from flows.settings import Settings
 from flows.spec import Spec, engine_api_key, load_spec
@@ -242,6 +242,13 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     """Load levels (and capacity search), alone or in rounds against the reference beside it."""
     logger = get_run_logger()
     spec = prepared.spec
+    profile = prepared.profile
+    if profile.capacity.enabled and not searches_capacity(
+            stage, prepared.stages, profile.capacity.model_dump()):
+        logger.info("stage %s: no capacity search (only the baseline and the final candidate; "
+                    "capacity.every_stage asks for all)", stage.name)
+        profile = profile.model_copy(update={
+            "capacity": profile.capacity.model_copy(update={"enabled": False})})
     reference = timed_against(stage, prepared)
     if reference is not None and reference.name in reused and \
             not prepared.policy.latency.required:
@@ -251,7 +258,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
         reference = None
     if reference is None:
         with timed(clock, "load"):
-            record.load = measure_load(facts, prepared.profile, folder,
+            record.load = measure_load(facts, profile, folder,
                                        plan_for(spec.engine))
     else:
         # Both engines up at once, loaded in alternating rounds: drift between runs hits
@@ -262,7 +269,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
                            REFERENCE_PORT_OFFSET) as reference_facts, \
                 timed(clock, "load"):
             record.load, record.paired_load = measure_paired_load(
-                facts, reference_facts, reference, prepared.profile, folder,
+                facts, reference_facts, reference, profile, folder,
                 plan_for(spec.engine))
 
 

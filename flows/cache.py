@@ -21,7 +21,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from flows.plan import Stage
+from flows.plan import Stage, searches_capacity
 from flows.spec import Spec
 from infra.digest import checkpoint_digest, folder_digest, hardware
 from infra.secrets import ENGINE_KEY_ENV
@@ -89,6 +89,8 @@ def stage_keys(stages: list[Stage], spec: Spec, profile: dict, policy: dict) -> 
     parts: dict[str, dict] = {}
     for stage in stages:
         parts[stage.name] = stage_parts(stage, spec, profile, policy, keys, code)
+        parts[stage.name]["capacity_search"] = searches_capacity(
+            stage, stages, profile.get("capacity") or {})
         keys[stage.name] = digest(parts[stage.name])
     return parts
 

@@ -107,3 +107,12 @@ def plan(spec: Spec) -> list[Stage]:
             changed=changed,
         )
     return list(stages.values())
+
+
+def searches_capacity(stage: Stage, stages: list[Stage], capacity: dict) -> bool:
+    """Whether `stage`'s load includes the capacity search: the baseline's and the final
+    candidate's do (the figures a release reads); stages that only lead to the candidate skip
+    it unless the profile asks for every stage."""
+    if not capacity.get("enabled"):
+        return False
+    return bool(capacity.get("every_stage")) or stage is stages[0] or stage is stages[-1]

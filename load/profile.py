@@ -33,6 +33,9 @@ class CapacitySearch(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=False, description="Off by default: a search costs several runs.")
+    every_stage: bool = Field(
+        default=False, description="Search every stage; by default only the baseline and the "
+        "final candidate (the last stage), the two a capacity figure is read for.")
     min_rate: float = Field(default=0.25, gt=0, description="Lowest rate tried (requests/s).")
     max_rate: float = Field(default=8.0, gt=0, description="Highest rate tried (requests/s).")
     iterations: int = Field(

@@ -125,3 +125,16 @@ def test_an_api_key_moves_no_key_and_is_not_stored(tmp_path):
     assert keys(guarded) == keys(plain)
     parts = stage_keys(plan(guarded), guarded, PROFILE, POLICY)
     assert "sk-planted-cache-1234" not in json.dumps(parts)
+
+
+def test_only_the_baseline_and_the_final_candidate_search_capacity(tmp_path):
+    from flows.plan import searches_capacity
+
+    stages = plan(spec(tmp_path))
+    on = {"enabled": True}
+    assert [searches_capacity(s, stages, on) for s in stages] == [True, False, True]
+    assert all(searches_capacity(s, stages, on | {"every_stage": True}) for s in stages)
+    assert not any(searches_capacity(s, stages, {"enabled": False}) for s in stages)
+    profile = dict(PROFILE, capacity={"enabled": True})
+    parts = stage_keys(stages, spec(tmp_path), profile, POLICY)
+    assert [p["capacity_search"] for p in parts.values()] == [True, False, True]
