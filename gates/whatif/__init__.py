@@ -5,6 +5,11 @@ engine step, and a discrete-event model of vLLM's scheduler (token budget, runni
 limit, chunked prefill, KV block pool, preemption) serves seeded Poisson arrivals through it.
 Every figure is a prediction, labelled with its source.
 
+`section.whatif_section` makes the sign-off report's section from stage records (`records`: the
+model shape and KV pool a record kept), and checks the model against the run's own measurement
+on this machine's CPU (`cpu`: nominal peaks; `calibrate`: the two knobs fitted to the baseline).
+`quantgate whatif SPEC|RUN_DIR --gpu ...` prints the table.
+
 Step times come from the roofline only, not from aiconfigurator's measured tables. Checked with
 aiconfigurator-core 0.12.0 (PyPI wheel, 82 MB, a Rust extension plus parquet tables):
 

@@ -154,7 +154,11 @@ def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workloa
         return
     shape = shapes[baseline.name]
     scheduler = SchedulerConfig(kv_cache_gib=kv_cache_gib(baseline))
-    described = described or cpu_device()
+    try:
+        described = described or cpu_device()
+    except OSError as err:  # not Linux: no /proc/cpuinfo to describe the CPU from
+        section.cpu_note = f"not made: this machine's CPU cannot be described ({err})"
+        return
     section.cpu_device, section.cpu_source = described.name, described.source
     try:
         fitted = calibrate(described, shape, stage_format(baseline.axes, shape),
