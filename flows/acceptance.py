@@ -29,6 +29,7 @@ from gates.policy import GatePolicy, load_policy, precision_class, save_run_poli
 from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
 from gates.verdict import Verdict
+from gates.whatif import workload_from_profile
 from infra.checkpoint import check_tokenizer, model_shape
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
@@ -438,7 +439,10 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             verdict_path = verdict.save(results_dir / "verdict.json")
         report_dir = (settings.reports_dir / results_dir.name).resolve()
         with timed(clock, "reporting"):
-            report = write_report(verdict, records, report_dir, signer=settings.signer)
+            report = write_report(
+                verdict, records, report_dir, signer=settings.signer,
+                workload=workload_from_profile(prepared.profile),
+                workload_source=f"load profile {spec.load_profile}")
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
         manifest.timings = {phase: round(seconds, 2) for phase, seconds in clock.items()}

@@ -143,7 +143,14 @@ def gate(
         from gates.report import write_report
 
         try:
-            written = write_report(verdict, records, report, signer, run=results_dir.resolve().name)
+            from gates.whatif.records import run_workload
+
+            try:  # the check of the what-if against this run's measurement needs its profile
+                workload, origin = run_workload(results_dir)
+            except QuantgateError:
+                workload, origin = None, ""
+            written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
+                                   workload=workload, workload_source=origin)
         except OSError as err:
             fail(f"cannot write the report into {report}: {err.strerror or err}; choose a "
                  "writable folder")

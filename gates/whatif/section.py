@@ -227,17 +227,20 @@ def whatif_section(
     cpu: bool = True,
     cpu_settings: SimSettings = CPU_SETTINGS,
     cpu_described: Device | None = None,
+    gpu_workload: Workload | None = None,
 ) -> WhatifSection:
-    """The section's content. `workload`: the run's load profile (workload_from_profile); None:
-    the reference workload, said so (the records do not keep request sizes). `cpu`: also the
-    check against the run's own measurement, on `cpu_described` (default: this machine's CPU,
-    `gates.whatif.cpu.cpu_device`; the records do not keep the measuring machine's)."""
+    """The section's content. `workload`: the run's load profile (workload_from_profile), for
+    the check against the run's own measurement on `cpu_described` (default: this machine's CPU,
+    `gates.whatif.cpu.cpu_device`; the records do not keep the measuring machine's); None: no
+    check. The GPU table predicts `gpu_workload`, by default the reference GPU serving workload
+    (1,024 / 256 tokens, TTFT <= 1 s and TPOT <= 40 ms at p99): a profile sized for this CPU
+    says nothing of a GPU fleet's SLO."""
     started = time.perf_counter()
-    if workload is None:
-        workload_source = ("the reference workload: the records do not keep the load profile's "
-                           "request sizes and none was passed")
+    if gpu_workload is None:
+        workload_source = ("the reference GPU serving workload (the published H100 table's); "
+                           "`quantgate whatif --profile` predicts another")
     targets = [device(gpu) if isinstance(gpu, str) else gpu for gpu in gpus]
-    chosen = workload or REFERENCE_WORKLOAD
+    chosen = gpu_workload or REFERENCE_WORKLOAD
     section = WhatifSection(workload=describe_workload(chosen), workload_source=workload_source,
                             gpus=[t.key for t in targets], settings=_describe_settings(settings))
     shapes = _shapes(records, section)
