@@ -126,8 +126,10 @@ def timed(clock: dict[str, float], phase: str) -> Iterator[None]:
 
 def stage_timings(record: StageRecord, clock: dict[str, float], wall_s: float) -> StageTimings:
     """Where the stage's wall time went, from what its results and `clock` hold."""
+    own = record.facts.startup_s if record.facts else None
+    beside = clock.get("reference_startup")  # the reference engine raced in the load rounds
     timings = StageTimings(wall_s=round(wall_s, 2),
-                           startup_s=record.facts.startup_s if record.facts else None,
+                           startup_s=None if own is None else round(own + (beside or 0.0), 2),
                            more_items_s=_rounded(clock.get("more_items")),
                            load_s=_rounded(clock.get("load")))
     if record.quality is not None:
@@ -269,6 +271,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
         with engine_beside(spec, reference, folder / "reference-engine.log",
                            REFERENCE_PORT_OFFSET) as reference_facts, \
                 timed(clock, "load"):
+            clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
                 facts, reference_facts, reference, profile, folder,
                 plan_for(spec.engine))

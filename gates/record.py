@@ -73,7 +73,8 @@ class StageTimings(BaseModel):
     start-up is the pipeline's own overhead."""
 
     wall_s: float = Field(description="From the stage's start to its record, engines stopped.")
-    startup_s: float | None = Field(default=None, description="Engine launch to healthy.")
+    startup_s: float | None = Field(
+        default=None, description="Engine launch to healthy (with the reference engine's).")
     sets: dict[str, SetTiming] = Field(default_factory=dict)
     scoring_s: float | None = Field(default=None, description="Perplexity / divergence corpus.")
     more_items_s: float | None = Field(default=None, description="Adaptive looks (more items).")

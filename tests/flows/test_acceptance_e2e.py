@@ -62,14 +62,19 @@ def mlflow_runs(folder: Path):
     return mlflow.search_runs(experiment_names=["quantgate"])
 
 
-def run_spec(tmp_path_factory, name: str, stages: list[dict]):
+def run_spec(tmp_path_factory, name: str, stages: list[dict], **engine):
     folder = tmp_path_factory.mktemp(name)
-    result = quantgate("run", str(write_spec(folder, stages, free_port())), cwd=folder)
+    result = quantgate("run", str(write_spec(folder, stages, free_port(), **engine)), cwd=folder)
     print(result.stdout[-4000:], result.stderr[-4000:])
     results = next((folder / "runs").glob("e2e-*"))
     verdict = json.loads((results / "verdict.json").read_text())
     records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
     return folder, result, verdict, records
+
+
+# The engines of the tree run guard their API with this key: every client must send it, and no
+# file the run writes may hold it.
+PLANTED_KEY = "sk-planted-e2e-4b7f0d91"
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,7 @@ def tree(tmp_path_factory):
              -> w8 (INT8 weights, dequantized: near-lossless) -> a8 (W8A8, real INT8 kernels)
              -> w4 (INT4 g64 round-to-nearest, dequantized: a bad candidate, the last stage)
     """
-    return run_spec(tmp_path_factory, "tree", [
+    return run_spec(tmp_path_factory, "tree", extra_args=["--api-key", PLANTED_KEY], stages=[
         {"name": "control", "kind": "control", "parent": "baseline"},
         {"name": "w8", "kind": "weights", "parent": "baseline",
          "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")},
@@ -157,6 +162,19 @@ def test_engine_facts_and_measurements_are_real(tree):
         assert summary["tpot_p50_ms"] > 0 and summary["output_tokens_per_s"] > 0
     low, high = base["load"]["summaries"]["low"], base["load"]["summaries"]["high"]
     assert high["output_tokens_per_s"] > low["output_tokens_per_s"]
+
+
+def test_the_api_key_guarded_the_engines_and_no_file_holds_it(tree):
+    folder, result, verdict, records = tree
+    assert records["a8"]["facts"]["env"]["VLLM_API_KEY"] == "<redacted>"
+    assert records["a8"]["quality"]["tasks"]["math"]["items"] and records["a8"]["load"]
+    assert PLANTED_KEY not in result.stdout + result.stderr
+    written = [path for path in folder.rglob("*") if path.is_file() and path.name != "spec.yaml"]
+    assert len(written) > 20  # results, engine logs, reports, the MLflow store
+    leaks = [path for path in written if PLANTED_KEY.encode() in path.read_bytes()]
+    assert leaks == [], leaks
+    assert "<redacted>" in (folder / "runs").glob("e2e-*").__next__().joinpath(
+        "a8", "stage.json").read_text()
 
 
 def test_each_stage_says_where_its_time_went(tree):
