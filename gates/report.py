@@ -138,6 +138,30 @@ def _mb(value: int | None) -> str:
     return f"{value / 1e6:,.1f} MB" if value else "-"
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+def timing_rows(records: list[StageRecord], run: str) -> list[dict[str, str]]:
+    """Where each stage's wall time went (stage.json `timings`); a stage from the stage cache
+    cost this run nothing, its figures are from the run that measured it."""
+    rows = []
+    for record in records:
+        t = record.timings
+        if t is None:
+            continue
+        sets = ", ".join(f"{name} {timing.seconds:.0f} s first look ({timing.items} items, "
+                         f"{timing.output_tokens} tokens in all)"
+                         for name, timing in t.sets.items() if timing.seconds is not None)
+        rows.append({
+            "stage": record.name, "origin": reused_from(record, run) or "measured in this run",
+            "wall": _seconds(t.wall_s), "startup": _seconds(t.startup_s), "sets": sets or "-",
+            "scoring": _seconds(t.scoring_s), "more": _seconds(t.more_items_s),
+            "load": _seconds(t.load_s), "overhead": _seconds(t.overhead_s),
+            "busy": f"{t.busy_s / t.wall_s:.0%}" if t.wall_s else "-"})
+    return rows
+
+
 def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
     base = records[0].facts if records and records[0].facts else None
     rows = []
@@ -268,7 +292,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
-        "cache": cache_rows(records, run), "whatif": whatif,
+        "cache": cache_rows(records, run), "whatif": whatif, "timing": timing_rows(records, run),
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],

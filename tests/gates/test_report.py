@@ -157,3 +157,18 @@ def test_report_renders_in_headless_chromium_with_its_plots(report):
         assert (np.abs(pixels - color).sum(axis=2) < 40).sum() > 300, color
     # The forest plot's status colours (inconclusive amber) are there too.
     assert (np.abs(pixels - [0xBF, 0x87, 0x00]).sum(axis=2) < 40).sum() > 100
+
+
+def test_the_report_says_where_each_stage_s_time_went(tmp_path):
+    from gates.record import SetTiming, StageTimings
+
+    records = chain()
+    records[1].timings = StageTimings(
+        wall_s=200.0, startup_s=30.0, scoring_s=10.0, more_items_s=20.0, load_s=60.0,
+        sets={"math": SetTiming(items=120, output_tokens=4000, seconds=50.0)})
+    verdict = decide("c", records, GatePolicy())
+    out = write_report(verdict, records, tmp_path / "report", whatif_gpus=())
+    html, md = out["html"].read_text(), out["md"].read_text()
+    assert 'id="timing"' in html and "math 50 s first look (120 items, 4000 tokens in all)" in html
+    row = next(line for line in md.splitlines() if line.startswith(f"| {records[1].name} | 200 s"))
+    assert "| 30 s |" in row and "| 30 s | 70% |" in row  # overhead 200-30-140, busy 140/200
