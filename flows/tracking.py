@@ -102,23 +102,23 @@ class Tracker:
     @contextlib.contextmanager
     def candidate_run(self, candidate: str, params: dict[str, str],
                       tags: dict[str, str] | None = None) -> Iterator[str]:
-        run = self.mlflow.start_run(run_name=candidate, tags={"candidate": candidate} | (tags or {}))
-        self.parent_run_id = run.info.run_id
-        try:
+        with self._run(run_name=candidate, tags={"candidate": candidate} | (tags or {})) as run_id:
+            self.parent_run_id = run_id
             self.mlflow.log_params(redacted(params))
-            yield run.info.run_id
-        except BaseException as err:
-            self.mlflow.set_tag("failure", redact(f"{type(err).__name__}: {err}")[:5000])
-            self.mlflow.end_run(status="FAILED")
-            raise
-        self.mlflow.end_run(status="FINISHED")
+            yield run_id
 
     @contextlib.contextmanager
     def stage_run(self, candidate: str, stage: str, kind: str) -> Iterator[str]:
         """A stage's nested run, open while the stage is measured: its duration and status are
         the stage's own (FAILED when the measuring breaks)."""
         tags = {"candidate": candidate, "stage": stage, "stage_kind": kind}
-        run = self.mlflow.start_run(run_name=f"{candidate}/{stage}", nested=True, tags=tags)
+        with self._run(run_name=f"{candidate}/{stage}", nested=True, tags=tags) as run_id:
+            yield run_id
+
+    @contextlib.contextmanager
+    def _run(self, **start: object) -> Iterator[str]:
+        """An MLflow run, FINISHED when the block ends, FAILED (with why) when it raises."""
+        run = self.mlflow.start_run(**start)
         try:
             yield run.info.run_id
         except BaseException as err:
