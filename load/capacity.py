@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from load.profile import Slo
-from load.results import CapacityStep, LoadSample
+from load.results import CapacityStep, LoadSample, LoadSummary
 from load.stats import goodput
 
 # Arrivals that leave this late mean the user pool ran dry: the offered traffic was no longer
@@ -69,3 +69,29 @@ def search_capacity(
         else:
             high = middle
     return low, f"between {low:.3g} (passes) and {high:.3g} (fails) req/s", trace
+
+
+def bracket_from_levels(
+    low: LoadSummary, high: LoadSummary, target: float, min_rate: float, max_rate: float
+) -> tuple[float, float, str]:
+    """The rates to search between, learned from the two closed-loop levels already measured.
+
+    One user at a time is the lightest load the server sees: if it already misses the SLO
+    target, no Poisson rate will meet it (the search then tries only the lower end). The high
+    level's throughput is what the server sustains at that concurrency: a Poisson stream faster
+    than ~1.25x it only builds a queue, so that is the upper end; half the low level's rate is
+    the lower end (Poisson bursts at twice a single stream's spacing). The profile's min_rate
+    and max_rate still bound both, so a search is never wider than the profile allows.
+    """
+    if not low.requests_per_s or not high.requests_per_s:
+        return min_rate, max_rate, "the profile's bounds (the levels measured no throughput)"
+    lower = max(min_rate, 0.5 * min(low.requests_per_s, high.requests_per_s))
+    upper = min(max_rate, 1.25 * max(low.requests_per_s, high.requests_per_s))
+    if lower >= upper:
+        lower, upper = min_rate, max_rate
+    note = (f"bracket {lower:.3g}-{upper:.3g} req/s from the levels' throughput "
+            f"({low.requests_per_s:.3g} at {low.users} user(s), {high.requests_per_s:.3g} at "
+            f"{high.users})")
+    if low.goodput is not None and low.goodput < target:
+        note += f"; one user at a time already meets the SLO for only {low.goodput:.0%}"
+    return lower, upper, note
