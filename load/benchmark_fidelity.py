@@ -113,7 +113,7 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
 
     A shared machine's speed swings by tens of percent within a minute, so a few long runs
     compare different machines. Many short runs, each compared with its neighbour in the same
-    round, cancel what the neighbours share; the ratio is the geometric mean over rounds. At
+    round, cancel what the neighbours share; the ratio is the median over rounds. At
     concurrency > 1 a closed loop also keeps, for the whole run, whichever grouping of prefills
     its first requests fell into; short runs sample that grouping anew each time.
 
@@ -147,17 +147,19 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
             print(f"c={concurrency} run {index + 1} {side}: {json.dumps(figures)}", flush=True)
         per_round = [ratios(ours, theirs)
                      for ours, theirs in zip(runs["quantgate"], runs["vllm"], strict=True)]
-        ratio = {key: _geometric_mean([r[key] for r in per_round]) for key in per_round[0]}
+        ratio = {key: _median([r[key] for r in per_round]) for key in per_round[0]}
         sides = {side: _mean(figures) for side, figures in runs.items()}
         rows.append({"concurrency": concurrency, "order": order, "runs": runs, **sides,
                      "round_ratios": per_round, "ratio": ratio, "within_goal": verdict(ratio)})
     return rows
 
 
-def _geometric_mean(values: list[float | None]) -> float | None:
-    if not values or any(v is None or v <= 0 for v in values):
+def _median(values: list[float | None]) -> float | None:
+    # The median, not the mean: another tenant's burst can land on one side of a round only,
+    # and one such round must not move the verdict.
+    if not values or any(v is None for v in values):
         return None
-    return float(np.exp(np.mean(np.log(values))))
+    return float(np.median(values))
 
 
 def _mean(figures: list[dict]) -> dict:
