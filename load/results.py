@@ -141,6 +141,7 @@ class LoadResult(BaseModel):
         "min_rate failed (see capacity_note).",
     )
     capacity_note: str | None = Field(default=None, description="How the search ended.")
+    capacity_s: float | None = Field(default=None, description="Wall time of the search.")
     capacity_trace: list[CapacityStep] = Field(default_factory=list)
     # Where Locust and the engine ran (infra/cores.py); empty in results stored before it was kept.
     client_cores: str = Field(default="", description="Cores the load generator ran on (0-1).")

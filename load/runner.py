@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 from infra.cores import CorePlan
 from infra.errors import MeasurementError
-from load.capacity import capacity_step, search_capacity
+from load.capacity import bracket_from_levels, capacity_step, search_capacity
 from load.launch import LOCUSTFILE, locust_env, run_locust, tail
 from load.profile import LoadProfile
-from load.results import CapacityStep, LoadResult, LoadSample
+from load.results import CapacityStep, LoadResult, LoadSample, LoadSummary
 from load.stats import (
     busy_span_s,
     check_equal_work,
@@ -58,8 +59,11 @@ def run_load(
         if profile.repeats > 1:
             result.repeat_summaries[level] = each
     if profile.capacity.enabled:
-        capacity, note, trace = find_capacity(base_url, model, profile, out_dir, cores)
+        started = time.monotonic()
+        capacity, note, trace = find_capacity(base_url, model, profile, out_dir, cores,
+                                              levels=result.summaries)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
+        result.capacity_s = round(time.monotonic() - started, 2)
     result.save(out_dir)
     return result
 
@@ -150,9 +154,11 @@ def run_rate(
 
 
 def find_capacity(
-    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None
+    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None,
+    levels: dict[str, LoadSummary] | None = None,
 ) -> tuple[float | None, str, list[CapacityStep]]:
-    """Bounded search for the highest rate at which capacity.target of requests meet the SLO."""
+    """Bounded search for the highest rate at which capacity.target of requests meet the SLO;
+    with the closed-loop `levels` measured, between the rates they bound (bracket_from_levels)."""
     search = profile.capacity
     if profile.slo is None:  # the profile validator refuses this; kept for direct callers
         raise MeasurementError("a capacity search needs an SLO in the profile")
@@ -164,7 +170,13 @@ def find_capacity(
         measured = measured_window(samples, search.warmup_s, window_s)
         return capacity_step(rate, measured, window_s, profile.slo, search.target)
 
-    return search_capacity(evaluate, search.min_rate, search.max_rate, search.iterations)
+    low, high = (levels or {}).get("low"), (levels or {}).get("high")
+    if low is None or high is None:
+        return search_capacity(evaluate, search.min_rate, search.max_rate, search.iterations)
+    lower, upper, bracket = bracket_from_levels(low, high, search.target, search.min_rate,
+                                                search.max_rate)
+    capacity, note, trace = search_capacity(evaluate, lower, upper, search.iterations)
+    return capacity, f"{note}; {bracket}", trace
 
 
 def read_samples(path: Path) -> list[LoadSample]:

@@ -27,3 +27,23 @@ def test_no_throughput_falls_back_to_the_profile_and_a_slow_single_user_is_said(
     note = bracket_from_levels(level("low", 1, 0.8, goodput=0.5), level("high", 4, 2.0),
                                0.99, 0.1, 8.0)[2]
     assert "one user at a time already meets the SLO for only 50%" in note
+
+
+def test_find_capacity_searches_inside_the_levels_bracket(monkeypatch, tmp_path):
+    from load import runner
+    from load.profile import load_profile
+
+    asked = {}
+
+    def search(evaluate, lower, upper, iterations):
+        asked.update(lower=lower, upper=upper)
+        return upper, "censored", []
+
+    monkeypatch.setattr(runner, "search_capacity", search)
+    profile = load_profile("demo")
+    levels = {"low": level("low", 1, 0.3), "high": level("high", 4, 0.6)}
+    capacity, note, _ = runner.find_capacity("http://x", "m", profile, tmp_path, levels=levels)
+    assert asked == {"lower": 0.15, "upper": 0.75} and capacity == 0.75
+    assert note.startswith("censored; bracket 0.15-0.75 req/s from the levels' throughput")
+    runner.find_capacity("http://x", "m", profile, tmp_path)
+    assert asked == {"lower": profile.capacity.min_rate, "upper": profile.capacity.max_rate}
