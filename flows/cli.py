@@ -29,6 +29,7 @@ QUIET_ENV = {
     "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "TQDM_DISABLE": "1",  # lm-eval's and vLLM's bars: quantgate shows its own progress
 }
 
 
