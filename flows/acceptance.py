@@ -141,7 +141,7 @@ def stage_timings(record: StageRecord, clock: dict[str, float], wall_s: float) -
     if record.load is not None:
         timings.load_levels_s = {level: summary.duration_s
                                  for level, summary in record.load.summaries.items()}
-        timings.capacity_s = getattr(record.load, "capacity_s", None)
+        timings.capacity_s = record.load.capacity_s
     return timings
 
 
