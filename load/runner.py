@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 
 from infra.cores import CorePlan
 from infra.errors import MeasurementError
+from infra.progress import progress
 from load.capacity import bracket_from_levels, capacity_step, search_capacity
 from load.launch import LOCUSTFILE, locust_env, run_locust, tail
 from load.profile import LoadProfile
@@ -122,6 +124,10 @@ def run_level(
         budget = 0
         run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, max_requests=budget)
+    label = f"{out_dir.parent.name}: load {tag}, {users} user(s)"
+    progress.line(f"{label}: {budget} requests" if budget else
+                  f"{label}: {run_s - RUN_MARGIN_S} s")
+    started = time.monotonic()
     log_path = run_locust(
         base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
         cores=cores,
@@ -131,7 +137,19 @@ def run_level(
         raise MeasurementError(
             f"locust ({tag}, {users} users) recorded no requests; log {log_path}:\n{tail(log_path)}"
         )
+    progress.line(f"{label}: {len(samples)} requests in {time.monotonic() - started:.0f} s, "
+                  f"{latency_note(samples)}")
     return samples
+
+
+def latency_note(samples: list[LoadSample]) -> str:
+    """'TTFT p50 112 ms, TPOT p50 29 ms, 0 errors' for a progress line."""
+    ttfts = [s.ttft_ms for s in samples if s.error is None and s.ttft_ms is not None]
+    tpots = [s.tpot_ms for s in samples if s.error is None and s.tpot_ms is not None]
+    parts = [f"{name} p50 {statistics.median(values):.0f} ms"
+             for name, values in (("TTFT", ttfts), ("TPOT", tpots)) if values]
+    errors = sum(s.error is not None for s in samples)
+    return ", ".join([*parts, f"{errors} error(s)"])
 
 
 def run_rate(
@@ -163,12 +181,18 @@ def find_capacity(
     if profile.slo is None:  # the profile validator refuses this; kept for direct callers
         raise MeasurementError("a capacity search needs an SLO in the profile")
 
+    label = f"{out_dir.parent.name}: capacity"
+
     def evaluate(rate: float) -> CapacityStep:
+        window_s = search.window_s(rate)
+        progress.line(f"{label}: probing {rate:.3g} req/s for {search.warmup_s + window_s:.0f} s")
         samples = run_rate(base_url, model, profile, rate, out_dir, cores)
         # Judged on every request that arrived in the window, failed and late ones included.
-        window_s = search.window_s(rate)
         measured = measured_window(samples, search.warmup_s, window_s)
-        return capacity_step(rate, measured, window_s, profile.slo, search.target)
+        step = capacity_step(rate, measured, window_s, profile.slo, search.target)
+        progress.line(f"{label}: {rate:.3g} req/s {'meets' if step.passed else 'misses'} the SLO "
+                      f"({step.goodput:.0%} of {step.requests} requests in time)")
+        return step
 
     low, high = (levels or {}).get("low"), (levels or {}).get("high")
     if low is None or high is None:
