@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gates.accuracy import quality_checks
+from gates.comparability import comparability_check
 from gates.divergence import divergence_checks, perplexity_checks
 from gates.latency import load_checks
 from gates.length import length_checks
@@ -54,8 +55,10 @@ def stage_checks(
     if parent.error:
         return [Check(rule="stage", passed=False,
                       reason=f"parent {parent.name!r} did not finish: nothing to compare with")]
+    # Asked the same way as the baseline first: the other rules mean nothing otherwise.
     return (
-        quality_checks(stage, parent, baseline, policy)
+        [comparability_check(stage, baseline)]
+        + quality_checks(stage, parent, baseline, policy)
         + divergence_checks(stage, policy)
         + perplexity_checks(stage, parent, baseline, policy)
         + load_checks(stage, parent, baseline, policy, records)

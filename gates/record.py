@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
+from gates.comparability import Comparability
 from infra.engine import EngineFacts
 from infra.errors import QuantgateError
 from load.results import LoadResult, PairedLoad
@@ -118,6 +119,10 @@ class StageRecord(BaseModel):
         "stage came from the stage cache).")
     measured_at: str | None = Field(default=None, description="When it finished (UTC, ISO 8601).")
     cache_key: str | None = None
+    comparability: Comparability | None = Field(
+        default=None, description="Chat template and tokenizer hashes, generation settings and "
+        "first-look items per set, load profile hash: what the comparability rule compares. "
+        "None in records stored before it was kept (their item ids are still compared).")
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
