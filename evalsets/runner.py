@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -198,17 +199,39 @@ def check_server(base_url: str, model: str) -> None:
 
 
 def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] | None = None,
-                    **model_args: Any) -> Any:
+                    response_formats: dict[str, dict] | None = None, **model_args: Any) -> Any:
     """lm-eval's local (chat-)completions model that also keeps each response's finish reason
-    and completion tokens from the server, keyed by the response text (`.server_finish`)."""
+    and completion tokens from the server, keyed by the response text (`.server_finish`).
+
+    Chat requests carry an encoded dialogue (evalsets/multiturn.py) as its separate messages, so
+    the server applies the chat template per turn. `response_formats` maps a prompt (the text
+    `doc_to_text` gave) to the `response_format` its request carries (guided decoding)."""
     from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 
+    from evalsets.multiturn import decode_dialogue, expand_messages
+
     base = LocalChatCompletion if apply_chat_template else LocalCompletionsAPI
+    formats = response_formats or {}
 
     class Recording(base):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.server_finish: dict[str, ServerFinish] = {}
+
+        def _create_payload(self, messages: Any, *args: Any, **kwargs: Any) -> dict:
+            if apply_chat_template:
+                prompt = next((m.get("content") for m in reversed(messages)
+                               if m.get("role") == "user"), None)
+                messages = expand_messages(messages)
+            else:
+                prompt = messages if isinstance(messages, str) else None
+                if decode_dialogue(prompt) is not None:
+                    raise MeasurementError("a multi-turn item reached the completions endpoint; "
+                                           "multi-turn sets need chat_template: true")
+            payload = super()._create_payload(messages, *args, **kwargs)
+            if prompt in formats:
+                payload["response_format"] = formats[prompt]
+            return payload
 
         def parse_generations(self, outputs: dict | list[dict], **kwargs: Any) -> list[str]:
             texts = super().parse_generations(outputs, **kwargs)
@@ -227,6 +250,44 @@ def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] |
             return texts
 
     return Recording(**model_args)
+
+
+def item_schema(doc: dict[str, Any]) -> dict | None:
+    """The JSON Schema an item declares (a `schema` field, JSON text or an object, on a row
+    scored as json or without a scorer field); None when it declares none."""
+    schema = doc.get("schema")
+    if not schema or doc.get("scorer", "json") != "json":
+        return None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise MeasurementError(f"item {doc.get('id')!r}: schema is not JSON text: {exc}") from exc
+    return schema if isinstance(schema, dict) else None
+
+
+def response_format(name: str, schema: dict) -> dict:
+    """The OpenAI-compatible structured-output field vLLM's guided decoding reads."""
+    return {"type": "json_schema",
+            "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}}
+
+
+def structured_formats(config: dict[str, Any]) -> dict[str, dict]:
+    """Prompt text -> response_format for every item of the task that declares a JSON Schema."""
+    import datasets
+    from lm_eval.utils import apply_template
+
+    kwargs = config.get("dataset_kwargs") or {}
+    rows = datasets.load_dataset(config["dataset_path"], **kwargs)[config["test_split"]]
+    doc_to_text = config["doc_to_text"]
+    formats = {}
+    for doc in rows:
+        schema = item_schema(doc)
+        if schema is None:
+            continue
+        prompt = doc_to_text(doc) if callable(doc_to_text) else apply_template(doc_to_text, doc)
+        formats[prompt] = response_format(f"item_{doc.get('id', len(formats))}", schema)
+    return formats
 
 
 def _save_raw(results: dict[str, Any], folder: Path) -> None:
@@ -255,11 +316,14 @@ def run_evalset(
     timeout_s: int = 300,
     start: int = 0,
     on_items: Callable[[int], None] | None = None,
+    structured_output: bool = False,
 ) -> TaskQuality:
     """One eval set through lm-eval; raw results in `out_dir/<set>/`.
 
     With `start`, items [start, start + limit) of the set: a later batch of the adaptive
-    sample size (raw results then in `out_dir/<set>-from<start>/`)."""
+    sample size (raw results then in `out_dir/<set>-from<start>/`). With `structured_output`,
+    every item that declares a JSON Schema is asked for with it as `response_format` (the
+    engine's guided decoding); the others are asked as usual."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -281,6 +345,7 @@ def run_evalset(
         lm = recording_model(
             apply_chat_template,
             on_items,
+            structured_formats(config) if structured_output else None,
             model=model,
             base_url=root + endpoint,
             num_concurrent=num_concurrent,
@@ -355,8 +420,12 @@ def run_quality(
     max_model_len: int | None = None,
     baseline_dir: Path | None = None,
     parent_dir: Path | None = None,
+    structured_output: bool = False,
 ) -> QualityResult:
     """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
+
+    `structured_output`: items that declare a JSON Schema are asked for with it as
+    `response_format` (a structured_output stage's guided decoding; see run_evalset).
 
     With `max_model_len` (the served context), groups whose prompts cannot fit are left out
     (long-context buckets beyond the engine's context), logged, never silently truncated.
@@ -384,7 +453,8 @@ def run_quality(
         started = time.monotonic()
         with progress.task(f"{out_dir.parent.name}: {spec.name}", spec.limit) as advance:
             task = run_evalset(base_url, model, spec, out_dir, count_tokens, apply_chat_template,
-                               num_concurrent, on_items=advance)
+                               num_concurrent, on_items=advance,
+                               structured_output=structured_output)
         task.seconds = round(time.monotonic() - started, 2)
         result.tasks[spec.name] = task
     started = time.monotonic()
