@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from evalsets.jsonl import read_jsonl
+from evalsets import userset
 from evalsets.spec import EvalSetInfo, EvalSetSpec
+from evalsets.userset import LINE, read_rows
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
 
@@ -94,6 +95,9 @@ _TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_s
 
 
 def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
+    """The set's task.yaml (`!function` names kept as text); a user data file's equivalent."""
+    if info.data_file is not None:
+        return userset.task_yaml(info)
     try:
         config = yaml.load(info.task_yaml.read_text(), Loader=_TaskLoader)  # noqa: S506
     except (OSError, yaml.YAMLError) as exc:
@@ -108,7 +112,10 @@ def _template_fields(template: object) -> list[str]:
 
 
 def load_contract(info: EvalSetInfo) -> Contract:
-    """The set's `contract.yaml`, or the contract implied by its `task.yaml`."""
+    """The set's `contract.yaml`, or the contract implied by its `task.yaml` (or by a user data
+    file's declared fields)."""
+    if info.data_file is not None:
+        return userset.contract(info)
     path = info.folder / CONTRACT_FILE
     if path.is_file():
         return load_model(path, Contract)
@@ -139,20 +146,20 @@ def data_files(info: EvalSetInfo) -> list[Path]:
 
 
 def _read_rows(path: Path) -> Any:
+    """The data file as a frame; JSONL, CSV and Parquet rows carry their line (`__line`)."""
     import pandas as pd
 
     if not path.is_file():
         raise SpecError(f"{path}: data file not found")
-    try:
-        if path.suffix == ".jsonl":
-            return pd.DataFrame(read_jsonl(path))
-        if path.suffix == ".json":
+    if path.suffix in (".jsonl", ".csv", ".parquet"):
+        return pd.DataFrame(read_rows(path))
+    if path.suffix == ".json":
+        try:
             return pd.read_json(path, dtype=False)
-        if path.suffix == ".csv":
-            return pd.read_csv(path, dtype=str, keep_default_na=False)
-    except ValueError as exc:
-        raise SpecError(f"{path}: cannot parse: {exc}".replace("\n", " ")) from exc
-    raise SpecError(f"{path}: unsupported data format {path.suffix!r} (valid: .jsonl, .json, .csv)")
+        except ValueError as exc:
+            raise SpecError(f"{path}: cannot parse: {exc}".replace("\n", " ")) from exc
+    raise SpecError(f"{path}: unsupported data format {path.suffix!r} "
+                    "(valid: .jsonl, .json, .csv, .parquet)")
 
 
 def _expectations(contract: Contract) -> list[tuple[str, Any]]:
@@ -196,6 +203,8 @@ def _prepared(frame: Any, contract: Contract, path: Path) -> Any:
                         f"{', '.join(contract.fields)})")
     frame = frame.copy()
     frame["__row"] = range(1, len(frame) + 1)
+    if LINE not in frame.columns:
+        frame[LINE] = frame["__row"]
     # Items pair across stages by str(id): 7 and "7" are the same item, so unique means unique
     # after str().
     frame[contract.id] = frame[contract.id].map(
@@ -213,16 +222,18 @@ def _prepared(frame: Any, contract: Contract, path: Path) -> Any:
     return frame
 
 
-def _first_failure(result: Any, id_column: str) -> str:
-    """'row N (id X)' of the first row an expectation flagged, with the offending value."""
+def _first_failure(result: Any, id_column: str, source: str) -> str:
+    """'FILE:LINE: row N (id X)' of the first row an expectation flagged, with the offending
+    value (LINE: the data file's line, a CSV's header counted)."""
     details = result.result or {}
     flagged = details.get("partial_unexpected_index_list") or details.get("unexpected_index_list")
     values = details.get("partial_unexpected_list") or []
     shown = f", value {values[0]!r}" if values else ""
     if flagged and isinstance(flagged[0], dict) and "__row" in flagged[0]:
         first = flagged[0]
-        return f"row {int(first['__row'])} (id {first.get(id_column)!r}{shown})"
-    return f"unexpected values{shown}"
+        return (f"{source}:{int(first[LINE])}: row {int(first['__row'])} "
+                f"(id {first.get(id_column)!r}{shown})")
+    return f"{source}: unexpected values{shown}"
 
 
 def validate_frame(frame: Any, contract: Contract, source: str) -> None:
@@ -248,10 +259,11 @@ def validate_frame(frame: Any, contract: Contract, source: str) -> None:
     rules = _expectations(contract)
     for rule, expectation in rules:
         result = batch.validate(expectation, result_format={
-            "result_format": "SUMMARY", "unexpected_index_column_names": ["__row", contract.id]})
+            "result_format": "SUMMARY",
+            "unexpected_index_column_names": ["__row", LINE, contract.id]})
         if not result.success:
-            where = _first_failure(result, contract.id)
-            raise SpecError(f"{source}: {where}: broke rule {rule}")
+            where = _first_failure(result, contract.id, source)
+            raise SpecError(f"{where}: broke rule {rule}")
 
 
 def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
@@ -300,6 +312,8 @@ def validate_set(spec: EvalSetSpec) -> int:
         validate_frame(frame, contract, str(path))
         if contract.check:
             row_check(info.folder, contract.check)(path)
+        if info.data_file is not None:
+            userset.check_rows(info, read_rows(path))
         if spec.groups is not None and contract.group in frame.columns:
             frame = frame[frame[contract.group].astype(str).isin(spec.groups)]
         rows += len(frame)
@@ -329,19 +343,40 @@ def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
         budget = spec.max_gen_toks or int(
             (read_task_yaml(spec.info).get("generation_kwargs") or {}).get("max_gen_toks", 256))
         for path in data_files(spec.info):
-            frame = _read_rows(path)
-            texts = frame[contract.prompt].astype(str).agg("\n\n".join, axis=1).tolist()
+            rows = prompt_rows(spec.info, path, contract)
+            texts = [text for _, _, text in rows]
             counts = [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
             longest = max(range(len(counts)), key=counts.__getitem__, default=None)
             if longest is None:
                 continue
             needed = counts[longest] + TEMPLATE_MARGIN_TOKENS + budget
             if needed > max_model_len:
+                item, line, _ = rows[longest]
                 raise SpecError(
-                    f"eval set {spec.name!r}: item {str(frame[contract.id].iloc[longest])!r} "
-                    f"({path.name} row {longest + 1}) needs {needed} tokens ({counts[longest]} "
-                    f"prompt + {TEMPLATE_MARGIN_TOKENS} template + {budget} generated) but "
+                    f"{path}:{line}: field {'+'.join(contract.prompt)!r} (id {item!r}): eval set "
+                    f"{spec.name!r} needs {needed} tokens ({counts[longest]} prompt + "
+                    f"{TEMPLATE_MARGIN_TOKENS} template + {budget} generated) but "
                     f"engine.max_model_len is {max_model_len}; raise it to at least {needed}")
+
+
+def prompt_rows(info: EvalSetInfo, path: Path, contract: Contract | None = None,
+                ) -> list[tuple[str, int, str]]:
+    """(id, line, prompt as a person reads it) of every row of one of the set's data files."""
+    contract = contract or load_contract(info)
+    frame = _read_rows(path)
+    out = []
+    for number, row in enumerate(frame.to_dict("records"), start=1):
+        if info.data_file is not None:
+            text = userset.readable_prompt(info, row)
+        else:
+            text = "\n\n".join(str(row.get(field)) for field in contract.prompt)
+        out.append((str(row.get(contract.id)), int(row.get(LINE, number)), text))
+    return out
+
+
+def prompts_by_id(info: EvalSetInfo) -> dict[str, str]:
+    """Prompt text by item id, from the set's own data (results keep only a prompt hash)."""
+    return {item: text for path in data_files(info) for item, _, text in prompt_rows(info, path)}
 
 
 def fit_to_context(sets: list[EvalSetSpec], max_model_len: int | None) -> list[EvalSetSpec]:

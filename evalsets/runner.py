@@ -38,13 +38,19 @@ def prompt_hash(prompt: str) -> str:
 
 
 def load_task_config(spec: EvalSetSpec) -> dict[str, Any]:
-    """The set's task.yaml as an lm-eval config dict, data paths absolute, overrides applied."""
+    """The set's task.yaml as an lm-eval config dict, data paths absolute, overrides applied; a
+    user data file's config is built in memory around its scorer (evalsets.userset)."""
     try:
         from lm_eval.tasks._yaml_loader import load_yaml  # resolves `!function` next to the yaml
     except ImportError as exc:
         raise MeasurementError(INSTALL_HINT) from exc
     info = spec.info
-    config = load_yaml(info.task_yaml, resolve_func=True)
+    if info.data_file is not None:
+        from evalsets.userset import task_config
+
+        config = task_config(info)
+    else:
+        config = load_yaml(info.task_yaml, resolve_func=True)
     data_files = config.get("dataset_kwargs", {}).get("data_files")
     if isinstance(data_files, dict):
         config["dataset_kwargs"]["data_files"] = {

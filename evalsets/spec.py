@@ -1,7 +1,9 @@
 """Which eval sets a candidate is measured on, and the registry of the built-in ones.
 
 A built-in set is a folder `evalsets/<name>/` holding an lm-eval `task.yaml` and its local data;
-adding a business, code or long-context set means adding such a folder, nothing else.
+adding a business, code or long-context set means adding such a folder, nothing else. A spec can
+also bring its own set by `path`: such a folder anywhere, or a plain data file (JSONL, CSV,
+Parquet) with a declared scorer (evalsets/scorers.py, evalsets/userset.py).
 """
 
 from __future__ import annotations
@@ -9,24 +11,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from evalsets.scorers import Scorer
 from infra.errors import SpecError, did_you_mean
 
 EVALSETS_DIR = Path(__file__).resolve().parent
 TASK_FILE = "task.yaml"
+DATA_SUFFIXES = (".jsonl", ".csv", ".parquet")
+_USER_SETS: dict[str, EvalSetInfo] = {}
 
 
 @dataclass(frozen=True)
 class EvalSetInfo:
-    """A built-in eval set on disk."""
+    """An eval set on disk: a folder with a task.yaml, or a user's data file and its scorer."""
 
     name: str
     folder: Path
+    data_file: Path | None = None
+    scorer: Scorer | None = None
+    prompt_field: str | None = None
+    id_field: str = "id"
 
     @property
     def task_yaml(self) -> Path:
-        return self.folder / TASK_FILE
+        """The file that declares the set: its task.yaml, or the user's data file."""
+        return self.data_file or self.folder / TASK_FILE
 
 
 def registry(root: Path = EVALSETS_DIR) -> dict[str, EvalSetInfo]:
@@ -44,12 +54,35 @@ def get_evalset(name: str) -> EvalSetInfo:
     return sets[name]
 
 
+def find_evalset(name: str) -> EvalSetInfo | None:
+    """A set by the name results carry: built-in, or a user set of a spec read in this process."""
+    return registry().get(name) or _USER_SETS.get(name)
+
+
+def resolve_path(path: Path | None, info: ValidationInfo) -> Path | None:
+    """A relative path is relative to the spec file (validation context `base_dir`)."""
+    base = (info.context or {}).get("base_dir")
+    if path is None or path.is_absolute() or base is None:
+        return path
+    return (Path(base) / path).resolve()
+
+
 class EvalSetSpec(BaseModel):
     """One eval set to run on every stage, as written in the candidate spec."""
 
     model_config = {"extra": "forbid"}
 
-    name: str = Field(description="A built-in eval set (a folder under evalsets/), e.g. 'math'.")
+    name: str = Field(description="A built-in eval set (a folder under evalsets/), e.g. 'math'; "
+                                  "with `path`, the label of your own set in results and reports.")
+    path: Path | None = Field(
+        default=None, description="Your own set: a folder with an lm-eval task.yaml, or a data "
+                                  "file (.jsonl, .csv, .parquet) scored by `scorer`; relative to "
+                                  "the spec file.")
+    scorer: Scorer | None = Field(default=None, description="How a data file's rows are scored.")
+    prompt_field: str | None = Field(
+        default=None, description="Data file: the field holding the prompt (default 'prompt'; a "
+                                  "'messages' field of {role, content} turns is a dialogue).")
+    id_field: str | None = Field(default=None, description="Data file: the item id field ('id').")
     limit: int | None = Field(default=None, gt=0, description="Use only the first N items.")
     max_gen_toks: int | None = Field(
         default=None, gt=0, description="Override the task's generation budget in tokens."
@@ -61,15 +94,52 @@ class EvalSetSpec(BaseModel):
         description="Use only items of these groups (e.g. long-context buckets '512', '1k').",
     )
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
+    resolve = field_validator("path")(resolve_path)
+
+    @model_validator(mode="after")
+    def _known(self) -> EvalSetSpec:
         sets = registry()
-        if name not in sets:
-            # ValueError so pydantic reports the field; callers see the valid names in the message.
-            raise ValueError(f"unknown eval set {name!r}: {did_you_mean(name, tuple(sets))}")
-        return name
+        if self.path is None:
+            if self.name not in sets:
+                # ValueError so pydantic reports the field; callers see the valid names.
+                raise ValueError(f"unknown eval set {self.name!r}: {did_you_mean(self.name, tuple(sets))}"
+                                 " (or give `path` to bring your own set)")
+            extra = [f for f in ("scorer", "prompt_field", "id_field") if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} only apply to your "
+                                 "own data file (`path`)")
+            return self
+        if self.name in sets:
+            raise ValueError(f"eval set name {self.name!r} is a built-in set; give your set "
+                             "another name (it labels its results)")
+        if self.path.is_dir():
+            if not (self.path / TASK_FILE).is_file():
+                raise ValueError(f"path {str(self.path)!r}: a folder needs an lm-eval {TASK_FILE}; "
+                                 f"or point path at a data file ({', '.join(DATA_SUFFIXES)})")
+            extra = [f for f in ("scorer", "prompt_field", "id_field") if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} apply to a data file; "
+                                 f"the folder's {TASK_FILE} (and contract.yaml) declare them")
+        elif not self.path.is_file():
+            raise ValueError(f"path {str(self.path)!r} does not exist")
+        elif self.path.suffix not in DATA_SUFFIXES:
+            raise ValueError(f"path {str(self.path)!r}: unsupported data file (valid: "
+                             f"{', '.join(DATA_SUFFIXES)}, or a folder with a {TASK_FILE})")
+        elif self.scorer is None:
+            raise ValueError(f"eval set {self.name!r}: a data file needs a scorer (kind: exact, "
+                             "regex, numeric, json, code or choice)")
+        elif self.groups is not None:
+            raise ValueError(f"eval set {self.name!r}: 'groups' needs a folder set whose "
+                             "contract.yaml declares a group field")
+        _USER_SETS[self.name] = self.info
+        return self
 
     @property
     def info(self) -> EvalSetInfo:
-        return get_evalset(self.name)
+        if self.path is None:
+            return get_evalset(self.name)
+        if self.path.is_dir():
+            return EvalSetInfo(name=self.name, folder=self.path)
+        return EvalSetInfo(name=self.name, folder=self.path.parent, data_file=self.path,
+                           scorer=self.scorer, prompt_field=self.prompt_field,
+                           id_field=self.id_field or "id")

@@ -1,0 +1,301 @@
+"""Scorers of user eval sets: how one response is judged against one data row.
+
+A user data file declares its scorer in the spec (`scorer: {kind: numeric, field: answer}`); each
+kind is a pydantic model with its own arguments (which row fields it reads) and one pure scoring
+function. `choice` is scored by lm-eval itself (log-likelihood of each choice); its model only
+names the fields and picks the gold index.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evalsets.business.grading import score_json as _business_score_json
+
+# Quotes, markdown emphasis and trailing punctuation a model wraps a short answer in.
+_WRAPPING = " \t\r\n\"'`*_"
+_TRAILING = ".,;:!?。"
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def normalize(text: str) -> str:
+    """Case, whitespace, wrapping quotes/emphasis and trailing punctuation do not count."""
+    text = " ".join(str(text).split()).casefold()
+    previous = None
+    while previous != text:
+        previous = text
+        text = text.strip(_WRAPPING).rstrip(_TRAILING)
+    return text
+
+
+def score_exact(response: str, reference: str) -> bool:
+    return normalize(response) == normalize(reference)
+
+
+def score_regex(response: str, pattern: str) -> bool:
+    """The pattern is found in the response (anchor it with ^...$ for a whole-answer match)."""
+    return re.search(pattern, response) is not None
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in the text (thousands separators allowed), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def score_numeric(response: str, reference: float, tolerance: float = 0.0,
+                  relative: float = 0.0) -> bool:
+    """The response's last number is within `tolerance` (absolute) or `relative` x |reference|."""
+    answer = last_number(response)
+    if answer is None or not math.isfinite(answer):
+        return False
+    return abs(answer - reference) <= max(tolerance, relative * abs(reference))
+
+
+def score_json(response: str, schema: dict, expected: dict | None = None) -> bool:
+    """The first JSON object in the response is valid under the schema and every field of
+    `expected` matches (strings case-insensitively, numbers numerically)."""
+    return _business_score_json(response, json.dumps(expected or {}), json.dumps(schema))
+
+
+def score_code(response: str, tests: str, entry_point: str) -> bool:
+    """The code in the response passes the row's asserts in the sandbox."""
+    from evalsets.code.grading import grade
+
+    return grade(response, entry_point, tests).passed
+
+
+def as_json(value: Any) -> Any:
+    """A row value that holds JSON: an object as is (JSONL, Parquet) or JSON text (CSV)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class _Scorer(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @property
+    def fields(self) -> list[str]:
+        """Row fields the scorer reads: the data contract requires them in every row."""
+        raise NotImplementedError
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        raise NotImplementedError
+
+    def reference(self, row: dict[str, Any]) -> str:
+        """What lm-eval logs as the item's target."""
+        return str(row.get(self.fields[0], "")) if self.fields else ""
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        """(field, why) when the scorer cannot use this row (checked before any engine starts)."""
+        return None
+
+
+class ExactScorer(_Scorer):
+    """Exact match after normalisation (case, whitespace, wrapping quotes, final punctuation)."""
+
+    kind: Literal["exact"]
+    field: str = Field(default="answer", description="Row field with the expected answer.")
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.field]
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        return float(score_exact(response, str(row[self.field])))
+
+
+class RegexScorer(_Scorer):
+    """The response matches a pattern: one for every row, or each row's own (`field`)."""
+
+    kind: Literal["regex"]
+    pattern: str | None = Field(default=None, description="Python regular expression, searched.")
+    field: str | None = Field(default=None, description="Row field with the row's own pattern.")
+
+    @model_validator(mode="after")
+    def _one_pattern(self) -> RegexScorer:
+        if (self.pattern is None) == (self.field is None):
+            raise ValueError("a regex scorer takes exactly one of 'pattern' (every row) or "
+                             "'field' (the row field that holds each row's pattern)")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {self.pattern!r} is not a regular expression: {exc}") \
+                    from exc
+        return self
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.field] if self.field else []
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        return float(score_regex(response, self.pattern or str(row[self.field])))
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        if self.field is None:
+            return None
+        try:
+            re.compile(str(row[self.field]))
+        except re.error as exc:
+            return self.field, f"not a regular expression: {exc}"
+        return None
+
+
+class NumericScorer(_Scorer):
+    """The last number in the response is within a tolerance of the row's reference number."""
+
+    kind: Literal["numeric"]
+    field: str = Field(default="answer", description="Row field with the reference number.")
+    tolerance: float = Field(default=0.0, ge=0, description="Absolute tolerance.")
+    relative: float = Field(default=0.0, ge=0, description="Relative tolerance (0.01 = 1 %).")
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.field]
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        reference = float(str(row[self.field]).replace(",", ""))
+        return float(score_numeric(response, reference, self.tolerance, self.relative))
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        try:
+            float(str(row[self.field]).replace(",", ""))
+        except ValueError:
+            return self.field, f"{row[self.field]!r} is not a number"
+        return None
+
+
+class JsonScorer(_Scorer):
+    """The answer's first JSON object is valid under a JSON Schema (one for the set, or each
+    row's own) and, with `field`, matches every key of the row's reference object."""
+
+    kind: Literal["json"]
+    schema_: dict | None = Field(default=None, alias="schema", description="JSON Schema, inline.")
+    schema_field: str | None = Field(default=None, description="Row field with the row's schema.")
+    field: str | None = Field(default=None, description="Row field with the expected object.")
+
+    @model_validator(mode="after")
+    def _a_schema(self) -> JsonScorer:
+        from jsonschema.exceptions import SchemaError
+        from jsonschema.validators import validator_for
+
+        if (self.schema_ is None) == (self.schema_field is None):
+            raise ValueError("a json scorer takes exactly one of 'schema' (every row) or "
+                             "'schema_field' (the row field that holds each row's schema)")
+        if self.schema_ is not None:
+            try:
+                validator_for(self.schema_).check_schema(self.schema_)
+            except SchemaError as exc:
+                raise ValueError(f"'schema' is not a valid JSON Schema: {exc.message}") from exc
+        return self
+
+    @property
+    def fields(self) -> list[str]:
+        return [name for name in (self.field, self.schema_field) if name]
+
+    def schema_of(self, row: dict[str, Any]) -> dict:
+        return self.schema_ if self.schema_ is not None else as_json(row[self.schema_field])
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        expected = as_json(row[self.field]) if self.field else None
+        return float(score_json(response, self.schema_of(row), expected))
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        from jsonschema.exceptions import SchemaError
+        from jsonschema.validators import validator_for
+
+        where = self.schema_field or "schema"
+        try:
+            schema = self.schema_of(row)
+            validator_for(schema).check_schema(schema)
+        except ValueError as exc:
+            return where, f"not JSON text: {exc}"
+        except (SchemaError, TypeError, AttributeError) as exc:
+            return where, f"not a valid JSON Schema: {getattr(exc, 'message', exc)}"
+        if self.field is None:
+            return None
+        try:
+            expected = as_json(row[self.field])
+        except ValueError as exc:
+            return self.field, f"not JSON text: {exc}"
+        if not isinstance(expected, dict):
+            return self.field, "the reference must be a JSON object"
+        errors = [error.message for error in validator_for(schema)(schema).iter_errors(expected)]
+        return (self.field, f"the reference fails the schema: {errors[0]}") if errors else None
+
+
+class CodeScorer(_Scorer):
+    """The code in the answer passes the row's unit tests (asserts) in the sandbox."""
+
+    kind: Literal["code"]
+    tests_field: str = Field(default="tests", description="Row field with the asserts.")
+    entry_point_field: str = Field(default="entry_point",
+                                   description="Row field with the function name the tests call.")
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.tests_field, self.entry_point_field]
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        return float(score_code(response, str(row[self.tests_field]),
+                                str(row[self.entry_point_field])))
+
+
+class ChoiceScorer(_Scorer):
+    """Multiple choice by log-likelihood (lm-eval scores it): the choice the model finds most
+    likely must be the row's answer, given as its 0-based index or its text."""
+
+    kind: Literal["choice"]
+    choices_field: str = Field(default="choices", description="Row field with the choices (a list).")
+    field: str = Field(default="answer", description="Row field with the right choice.")
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.field, self.choices_field]
+
+    def choices(self, row: dict[str, Any]) -> list[str]:
+        choices = as_json(row[self.choices_field])
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise ValueError(f"'{self.choices_field}' must be a list of at least two choices")
+        return [str(choice) for choice in choices]
+
+    def gold(self, row: dict[str, Any]) -> int:
+        """The right choice's index: an integer index, or the text of one of the choices."""
+        choices, answer = self.choices(row), row[self.field]
+        if isinstance(answer, str) and answer in choices:  # the text wins over a digit string
+            return choices.index(answer)
+        as_index = isinstance(answer, int) and not isinstance(answer, bool) or \
+            isinstance(answer, str) and answer.strip().isdigit()
+        if as_index and 0 <= int(answer) < len(choices):
+            return int(answer)
+        raise ValueError(f"'{self.field}' {answer!r} is neither an index of the {len(choices)} "
+                         "choices nor one of them")
+
+    def reference(self, row: dict[str, Any]) -> str:
+        return str(self.gold(row))
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        try:
+            self.choices(row)
+        except ValueError as exc:
+            return self.choices_field, str(exc)
+        try:
+            self.gold(row)
+        except ValueError as exc:
+            return self.field, str(exc)
+        return None
+
+
+Scorer = Annotated[ExactScorer | RegexScorer | NumericScorer | JsonScorer | CodeScorer
+                   | ChoiceScorer, Field(discriminator="kind")]
+SCORER_KINDS = ("exact", "regex", "numeric", "json", "code", "choice")
