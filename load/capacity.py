@@ -16,7 +16,7 @@ import numpy as np
 
 from load.profile import Slo
 from load.results import CapacityStep, LoadSample, LoadSummary
-from load.stats import goodput
+from load.stats import goodput, meets_slo
 
 # Arrivals that leave this late mean the user pool ran dry: the offered traffic was no longer
 # Poisson at the nominal rate, so the step fails rather than claim a rate it did not offer.
@@ -44,6 +44,35 @@ def capacity_step(
         ttft_p50_ms=float(np.median(ttfts)) if ttfts else None,
         tpot_p50_ms=float(np.median(tpots)) if tpots else None,
     )
+
+
+class MissWatch:
+    """Decides a probe early: once more requests in its window have missed the SLO than the
+    target allows of all the arrivals the window will see, the rate has failed, whatever the
+    remaining requests do; the probe can stop there instead of running out its window."""
+
+    def __init__(self, rate: float, window_s: float, warmup_s: float, slo: Slo, target: float):
+        self.warmup_s, self.window_s, self.slo = warmup_s, window_s, slo
+        self.allowed = math.floor((1 - target) * rate * window_s)
+        self.first_start: float | None = None
+        self.seen: list[LoadSample] = []
+        self.stopped = False  # set by whoever stopped the probe on its word
+
+    def add(self, samples: Sequence[LoadSample]) -> None:
+        self.seen += samples
+        starts = [s.start_s for s in samples]
+        if starts:
+            self.first_start = min([*starts, *([self.first_start] if self.first_start else [])])
+
+    def misses(self) -> int:
+        if self.first_start is None:
+            return 0
+        opens = self.first_start + self.warmup_s
+        return sum(opens <= s.start_s < opens + self.window_s and not meets_slo(s, self.slo)
+                   for s in self.seen)
+
+    def failed(self) -> bool:
+        return self.misses() > self.allowed
 
 
 def search_capacity(

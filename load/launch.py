@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.cores import CorePlan, format_cores
@@ -17,6 +18,7 @@ from load.profile import LoadProfile
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
 STARTUP_ALLOWANCE_S = 60
 WORKER_CONNECT_WAIT_S = 60
+POLL_S = 0.5
 
 
 def locust_env(
@@ -81,10 +83,12 @@ def run_locust(
     tag: str,
     workers: int = 0,
     cores: CorePlan | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> Path:
     """Run Locust to completion (local, or master + `workers` workers); returns the master log.
 
-    With a core plan, every Locust process runs on the plan's client cores only.
+    With a core plan, every Locust process runs on the plan's client cores only. `stop_when`,
+    asked twice a second, ends the run early when it says so (the samples written so far stay).
     """
     pin = cores.pin if cores is not None else list
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +124,7 @@ def run_locust(
                     worker_processes.append(_spawn(pin(worker_command(base_url, port)), wlog,
                                                    full_env))
             try:
-                code = master.wait(timeout=timeout_s)
+                code = _wait(master, timeout_s, stop_when)
             except subprocess.TimeoutExpired as exc:
                 stop_process(master, grace_s=0)
                 raise MeasurementError(
@@ -137,6 +141,21 @@ def run_locust(
     if code != 0:
         raise MeasurementError(f"{what} exited with {code}; log {log_path}:\n{tail(log_path)}")
     return log_path
+
+
+def _wait(master: subprocess.Popen, timeout_s: float, stop_when: Callable[[], bool] | None) -> int:
+    """The master's exit code; 0 when `stop_when` ended the run (it was stopped on purpose)."""
+    if stop_when is None:
+        return master.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while master.poll() is None:
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(master.args, timeout_s)
+        if stop_when():
+            stop_process(master, grace_s=0)
+            return 0
+        time.sleep(POLL_S)
+    return master.returncode
 
 
 def _spawn(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:

@@ -50,6 +50,8 @@ class LoadSample(BaseModel):
         default=None, description="Which Locust process sent it (distributed mode)."
     )
     repeat: int = Field(default=0, description="Which repeat of the level (0-based).")
+    prompt_tokens: int | None = Field(
+        default=None, description="Prompt tokens sent (token ids: the count is exact).")
 
     @property
     def tpot_ms(self) -> float | None:
@@ -122,6 +124,9 @@ class CapacityStep(BaseModel):
     )
     ttft_p50_ms: float | None = None
     tpot_p50_ms: float | None = None
+    stopped_s: float | None = Field(
+        default=None, description="Stopped this many seconds into the window: decided early "
+        "(more misses than the target allows), so it failed without running out the window.")
 
 
 class LoadResult(BaseModel):

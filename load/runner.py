@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.cores import CorePlan
 from infra.errors import MeasurementError
 from infra.progress import progress
-from load.capacity import bracket_from_levels, capacity_step, search_capacity
+from load.capacity import MissWatch, bracket_from_levels, capacity_step, search_capacity
 from load.launch import LOCUSTFILE, locust_env, run_locust, tail
 from load.profile import LoadProfile
 from load.results import CapacityStep, LoadResult, LoadSample, LoadSummary
@@ -34,9 +35,12 @@ RUN_MARGIN_S = 2
 
 
 def run_load(
-    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None
+    base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None,
+    request_body: dict | None = None,
 ) -> LoadResult:
     """Load the server at each level (and repeat) of the profile, then search capacity if enabled.
+
+    `request_body`: fields every request adds (a structured_output stage's response_format).
 
     Locust runs on the client cores of `cores` (the engine's plan, infra/cores.py); the result
     records them. Raw samples, Locust's HTML reports and load.json land in out_dir.
@@ -50,7 +54,7 @@ def run_load(
         windows: list[float] = []
         for repeat in range(profile.repeats):
             samples = run_level(base_url, model, profile, level, users, out_dir, repeat=repeat,
-                                cores=cores)
+                                cores=cores, request_body=request_body)
             measured, window_s = measured_part(samples, profile, level)
             check_equal_work(measured, profile.output_tokens, level)
             per_repeat.append(measured)
@@ -63,7 +67,7 @@ def run_load(
     if profile.capacity.enabled:
         started = time.monotonic()
         capacity, note, trace = find_capacity(base_url, model, profile, out_dir, cores,
-                                              levels=result.summaries)
+                                              levels=result.summaries, request_body=request_body)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
         result.capacity_s = round(time.monotonic() - started, 2)
     result.save(out_dir)
@@ -109,6 +113,7 @@ def run_level(
     *,
     repeat: int = 0,
     cores: CorePlan | None = None,
+    request_body: dict | None = None,
 ) -> list[LoadSample]:
     """One closed-loop Locust run (local or distributed); every raw sample, warm-up included."""
     tag = level_tag(level, repeat)
@@ -123,7 +128,8 @@ def run_level(
     else:
         budget = 0
         run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
-    env = locust_env(model, profile, tag, samples_path, users, max_requests=budget)
+    env = locust_env(model, profile, tag, samples_path, users, max_requests=budget,
+                     request_body=request_body)
     label = f"{out_dir.parent.name}: load {tag}, {users} user(s)"
     progress.line(f"{label}: {budget} requests" if budget else
                   f"{label}: {run_s - RUN_MARGIN_S} s")
@@ -154,9 +160,12 @@ def latency_note(samples: list[LoadSample]) -> str:
 
 def run_rate(
     base_url: str, model: str, profile: LoadProfile, rate: float, out_dir: Path,
-    cores: CorePlan | None = None,
+    cores: CorePlan | None = None, watch: MissWatch | None = None,
+    request_body: dict | None = None,
 ) -> list[LoadSample]:
-    """One open-loop run: Poisson arrivals at `rate` req/s from capacity.pool_users users."""
+    """One open-loop run: Poisson arrivals at `rate` req/s from capacity.pool_users users.
+
+    With a `watch`, the run stops as soon as the watch has seen the rate fail."""
     search = profile.capacity
     tag = f"rate-{rate:.4g}"
     samples_path = out_dir / f"samples_{tag}.jsonl"
@@ -164,16 +173,39 @@ def run_rate(
     samples_path.unlink(missing_ok=True)
     users = search.pool_users
     run_s = math.ceil(search.warmup_s + search.window_s(rate)) + RUN_MARGIN_S
-    env = locust_env(model, profile, tag, samples_path, users, rate=rate)
+    env = locust_env(model, profile, tag, samples_path, users, rate=rate,
+                     request_body=request_body)
     stop_timeout_s = math.ceil(profile.request_timeout_s)
+    stop_when = _tailing(samples_path, watch) if watch is not None else None
     run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
-               cores=cores)
+               cores=cores, stop_when=stop_when)
     return read_samples(samples_path)
+
+
+def _tailing(path: Path, watch: MissWatch) -> Callable[[], bool]:
+    """Feeds the watch each complete line the locustfile appended since the last call."""
+    offset = 0
+
+    def failed() -> bool:
+        nonlocal offset
+        if not path.exists():
+            return False
+        with path.open("rb") as stream:
+            stream.seek(offset)
+            chunk = stream.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        offset += len(complete)
+        watch.add([LoadSample.model_validate_json(line) for line in complete.splitlines()
+                   if line.strip()])
+        watch.stopped = watch.failed()
+        return watch.stopped
+
+    return failed
 
 
 def find_capacity(
     base_url: str, model: str, profile: LoadProfile, out_dir: Path, cores: CorePlan | None = None,
-    levels: dict[str, LoadSummary] | None = None,
+    levels: dict[str, LoadSummary] | None = None, request_body: dict | None = None,
 ) -> tuple[float | None, str, list[CapacityStep]]:
     """Bounded search for the highest rate at which capacity.target of requests meet the SLO;
     with the closed-loop `levels` measured, between the rates they bound (bracket_from_levels)."""
@@ -186,12 +218,21 @@ def find_capacity(
     def evaluate(rate: float) -> CapacityStep:
         window_s = search.window_s(rate)
         progress.line(f"{label}: probing {rate:.3g} req/s for {search.warmup_s + window_s:.0f} s")
-        samples = run_rate(base_url, model, profile, rate, out_dir, cores)
+        watch = MissWatch(rate, window_s, search.warmup_s, profile.slo, search.target)
+        samples = run_rate(base_url, model, profile, rate, out_dir, cores, watch=watch,
+                           request_body=request_body)
         # Judged on every request that arrived in the window, failed and late ones included.
         measured = measured_window(samples, search.warmup_s, window_s)
-        step = capacity_step(rate, measured, window_s, profile.slo, search.target)
+        if watch.stopped:  # decided early: the requests still queued never finished
+            ran_s = max(s.start_s for s in samples) - min(s.start_s for s in samples)
+            stopped_s = max(ran_s - search.warmup_s, 1e-3)
+            step = capacity_step(rate, measured, stopped_s, profile.slo, search.target)
+            step = step.model_copy(update={"passed": False, "stopped_s": round(stopped_s, 2)})
+        else:
+            step = capacity_step(rate, measured, window_s, profile.slo, search.target)
+        stopped = f", stopped after {step.stopped_s:.0f} s" if step.stopped_s is not None else ""
         progress.line(f"{label}: {rate:.3g} req/s {'meets' if step.passed else 'misses'} the SLO "
-                      f"({step.goodput:.0%} of {step.requests} requests in time)")
+                      f"({step.goodput:.0%} of {step.requests} requests in time{stopped})")
         return step
 
     low, high = (levels or {}).get("low"), (levels or {}).get("high")

@@ -38,3 +38,39 @@ def test_each_capacity_probe_says_its_rate_and_outcome(fake_openai, tmp_path, li
     assert probes[0] == "stage: capacity: probing 2 req/s for 1 s"
     assert probes[1].startswith("stage: capacity: 2 req/s meets the SLO (100% of ")
     assert probes[2] == "stage: capacity: probing 4 req/s for 1 s"
+
+
+def test_a_probe_that_has_failed_stops_before_its_window_ends(fake_openai, tmp_path, lines):
+    """Every request misses a 1 ms TTFT bound: the second miss decides the 2 req/s probe (the
+    target allows one of ~20 arrivals in 10 s), so it stops instead of running its window."""
+    fake_openai.first_token_delay_s = 0.05
+    profile = PROFILE.model_copy(update={
+        "slo": PROFILE.slo.model_copy(update={"ttft_ms": 1}),
+        "capacity": PROFILE.capacity.model_copy(update={"duration_s": 10, "target": 0.95}),
+    })
+    capacity, note, trace = find_capacity(fake_openai.base_url, "fake-model", profile,
+                                          tmp_path / "stage" / "load")
+    assert capacity is None and note.startswith("even min_rate 2 req/s misses")
+    (step,) = trace
+    assert not step.passed and step.goodput == 0
+    assert step.stopped_s is not None and step.stopped_s < 10
+    assert 2 <= step.requests < 20
+    assert "stopped after" in lines[-1]
+
+
+def test_the_watch_counts_only_misses_inside_the_window():
+    from load.capacity import MissWatch
+    from load.results import LoadSample
+
+    slo = PROFILE.slo
+    watch = MissWatch(rate=10, window_s=10, warmup_s=1, slo=slo, target=0.99)
+    assert watch.allowed == 1
+    late = LoadSample(start_s=100.5, ttft_ms=9000, e2e_ms=9100, output_tokens=4)
+    watch.add([LoadSample(start_s=100, ttft_ms=10, e2e_ms=20, output_tokens=4), late])
+    assert watch.misses() == 0  # in the warm-up second
+    watch.add([late.model_copy(update={"start_s": 102}), late.model_copy(update={"start_s": 103})])
+    assert watch.misses() == 2 and watch.failed()
+    watch = MissWatch(rate=10, window_s=10, warmup_s=1, slo=slo, target=0.99)
+    watch.add([LoadSample(start_s=100, ttft_ms=10, e2e_ms=20, output_tokens=4),
+               late.model_copy(update={"start_s": 115})])  # after the window closed
+    assert not watch.failed()
