@@ -32,7 +32,12 @@ def locust_env(
     rate: float = 0.0,
 ) -> dict[str, str]:
     """The QG_* variables the locustfile reads (see load/locustfile.py)."""
+    if profile.prompts.source != "random" and profile.prompt_ids is None:
+        # Never fall back to random prompts silently: the record would name the wrong source.
+        raise MeasurementError(f"load profile prompts ({profile.prompts.source}) were not "
+                               "tokenized for the served model: bind them first (load.prompts.bind)")
     return {
+        "QG_PROMPTS_FILE": str(profile.prompt_ids or ""),
         "QG_MODEL": model,
         "QG_PROMPT_TOKENS": str(profile.prompt_tokens),
         "QG_OUTPUT_TOKENS": str(profile.output_tokens),

@@ -49,6 +49,8 @@ MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
 TOKEN_ID_MIN = int(os.environ.get("QG_TOKEN_ID_MIN", "1000"))
 TOKEN_ID_MAX = int(os.environ.get("QG_TOKEN_ID_MAX", "40000"))
 SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
+# Prompts replayed from a source (load/prompts.py): token ids, one JSON list a line; empty: random.
+PROMPTS_FILE = os.environ.get("QG_PROMPTS_FILE", "")
 SAMPLE_MESSAGE = "qg_sample"
 # A pause after a failed request, so a dead server is not hammered in a tight loop.
 ERROR_BACKOFF_S = 0.1
@@ -65,7 +67,7 @@ _tickets = itertools.count()
 _finished = itertools.count(1)
 _write_lock = threading.Lock()
 _state: dict = {"environment": None, "arrivals": None, "samples": None,
-                "spawned": gevent.event.Event()}
+                "spawned": gevent.event.Event(), "prompts": []}
 
 
 class Arrivals:
@@ -131,6 +133,11 @@ def _setup(environment, **_kwargs) -> None:
         )
     if RATE < 0 or MAX_REQUESTS < 0:
         raise SystemExit(f"quantgate locustfile: bad QG_RATE={RATE} or QG_MAX_REQUESTS={MAX_REQUESTS}")
+    if PROMPTS_FILE:
+        with open(PROMPTS_FILE, encoding="utf-8") as lines:
+            _state["prompts"] = [json.loads(line) for line in lines if line.strip()]
+        if not _state["prompts"]:
+            raise SystemExit(f"quantgate locustfile: no prompts in QG_PROMPTS_FILE={PROMPTS_FILE}")
     _state["environment"] = environment
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(SAMPLE_MESSAGE, _on_sample_message)
@@ -194,7 +201,13 @@ class CompletionsUser(FastHttpUser):
         self._worker = _worker_name(self.environment)
 
     def _prompt(self) -> list[int]:
-        return [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(PROMPT_TOKENS)]
+        pool = _state["prompts"]
+        if not pool:
+            return [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(PROMPT_TOKENS)]
+        # A replayed prompt, drawn with replacement (its set's length distribution). One random
+        # token after the first makes a repeat miss the prefix cache, as random prompts do.
+        ids = pool[self._rng.randrange(len(pool))]
+        return ids[:1] + [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX)] + ids[1:]
 
     def _wait_for_arrival(self) -> float | None:
         """Wait until every user is spawned; then, open loop only, sleep until this user's next
@@ -224,9 +237,10 @@ class CompletionsUser(FastHttpUser):
     def _one_request(self) -> dict:
         # Serialized before the clock starts: the JSON encoding is the client's work, not the
         # server's (vLLM's client encodes inside its clock; this only narrows the gap).
+        prompt = self._prompt()
         body = json.dumps({
             "model": MODEL,
-            "prompt": self._prompt(),
+            "prompt": prompt,
             "max_tokens": OUTPUT_TOKENS,
             "ignore_eos": True,
             "temperature": 0,
@@ -258,6 +272,7 @@ class CompletionsUser(FastHttpUser):
             if stream.end is None:
                 stream.end = time.perf_counter()
             sample = stream.sample(start_s)
+            sample["prompt_tokens"] = len(prompt)
             # Locust's own statistics (CSV, HTML) show end-to-end time per request.
             resp.request_meta["response_time"] = (stream.end - start) * 1000
             resp.request_meta["response_length"] = sample["output_tokens"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import load_model
@@ -69,6 +70,39 @@ class CapacitySearch(BaseModel):
         return self
 
 
+class PromptSource(BaseModel):
+    """Where the load's prompts come from: random token ids (default), or prompts replayed from an
+    eval set or a user file with their real length distribution (load/prompts.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["random", "evalset", "file"] = Field(
+        default="random", description="random: prompt_tokens random token ids per request; "
+        "evalset: the prompts of a built-in eval set (`name`); file: a user file (`path`).")
+    name: str | None = Field(default=None, description="evalset: the built-in set, e.g. 'math'.")
+    path: str | None = Field(
+        default=None, description="file: JSONL with a prompt field, or plain text, one prompt a "
+        "line; relative to the profile file.")
+    field: str = Field(default="prompt", description="file, JSONL: the field holding the prompt.")
+
+    @model_validator(mode="after")
+    def _named(self) -> PromptSource:
+        wanted = {"random": (), "evalset": ("name",), "file": ("path",)}[self.source]
+        for key in ("name", "path"):
+            if key in wanted and getattr(self, key) is None:
+                raise ValueError(f"source {self.source} needs {key}")
+            if key not in wanted and getattr(self, key) is not None:
+                raise ValueError(f"{key} is for source {'evalset' if key == 'name' else 'file'}, "
+                                 f"not {self.source}")
+        if self.source == "evalset":
+            from evalsets.spec import registry
+
+            sets = registry()
+            if self.name not in sets:
+                raise ValueError(f"unknown eval set {self.name!r}: {did_you_mean(self.name, tuple(sets))}")
+        return self
+
+
 class LoadProfile(BaseModel):
     """Two concurrency levels of fixed-size streaming requests; every stage does equal work."""
 
@@ -77,8 +111,12 @@ class LoadProfile(BaseModel):
     low_users: int = Field(default=1, ge=1, description="Concurrent users at the low level.")
     high_users: int = Field(ge=1, description="Concurrent users at the high level.")
     prompt_tokens: int = Field(
-        ge=1, description="Exact prompt length in tokens (sent as token ids, so it never drifts)."
+        ge=1, description="Random prompts: exact prompt length in tokens (sent as token ids, so "
+        "it never drifts). Prompts from a source: the longest one sent (longer ones are left out)."
     )
+    prompts: PromptSource = Field(
+        default_factory=PromptSource, description="Random token ids, or prompts replayed from "
+        "an eval set or a file.")
     output_tokens: int = Field(
         ge=2,
         description="Exact output length: requests use ignore_eos and max_tokens = this value.",
@@ -133,6 +171,9 @@ class LoadProfile(BaseModel):
         le=64,
         description="0: one Locust process; N: Locust distributed mode, a master and N workers.",
     )
+    # Prompts from a source, tokenized for the served model (load.prompts.bind): a run-time
+    # binding, not part of the YAML or of the cache key (the source's content digest is).
+    _prompt_ids: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _consistent(self) -> LoadProfile:
@@ -148,6 +189,16 @@ class LoadProfile(BaseModel):
         if self.capacity.enabled and self.slo is None:
             raise ValueError("capacity.enabled needs an slo (ttft_ms and/or tpot_ms)")
         return self
+
+    @property
+    def prompt_ids(self) -> Path | None:
+        """The token-id file the locustfile replays (load.prompts.bind), or None."""
+        return self._prompt_ids
+
+    def with_prompt_ids(self, path: Path) -> LoadProfile:
+        bound = self.model_copy()
+        bound._prompt_ids = path
+        return bound
 
     def levels(self) -> dict[str, int]:
         """Level name -> concurrent users, in the order they run."""
@@ -176,5 +227,12 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 
 def load_profile(path: str | Path) -> LoadProfile:
-    """Read and validate a load profile; a name ("ci") picks a bundled one."""
-    return load_model(profile_path(path), LoadProfile)
+    """Read and validate a load profile; a name ("ci") picks a bundled one. A prompt file's
+    relative path is made absolute against the profile's folder."""
+    found = profile_path(path)
+    profile = load_model(found, LoadProfile)
+    prompts = profile.prompts
+    if prompts.path is not None and not Path(prompts.path).is_absolute():
+        absolute = str((found.resolve().parent / prompts.path).resolve())
+        profile = profile.model_copy(update={"prompts": prompts.model_copy(update={"path": absolute})})
+    return profile
