@@ -76,9 +76,13 @@ class MissWatch:
 
 
 def search_capacity(
-    evaluate: Callable[[float], CapacityStep], min_rate: float, max_rate: float, iterations: int
+    evaluate: Callable[[float], CapacityStep], min_rate: float, max_rate: float, iterations: int,
+    min_passes: bool = False,
 ) -> tuple[float | None, str, list[CapacityStep]]:
-    """(capacity or None, how the search ended, every step tried) for a rate -> step judge."""
+    """(capacity or None, how the search ended, every step tried) for a rate -> step judge.
+
+    `min_passes`: min_rate is already known to pass (learned from a lighter load), so it is
+    not probed again."""
     trace: list[CapacityStep] = []
 
     def tried(rate: float) -> CapacityStep:
@@ -86,7 +90,7 @@ def search_capacity(
         trace.append(step)
         return step
 
-    if not tried(min_rate).passed:
+    if not min_passes and not tried(min_rate).passed:
         return None, f"even min_rate {min_rate:g} req/s misses the SLO target", trace
     if tried(max_rate).passed:
         return max_rate, f"max_rate {max_rate:g} req/s still meets the target (censored)", trace

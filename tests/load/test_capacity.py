@@ -66,3 +66,16 @@ def test_a_step_whose_arrivals_left_late_fails_even_with_good_latency():
     judged = capacity_step(2.0, samples, 50.0, Slo(ttft_ms=100), target=0.99)
     assert judged.goodput == 1.0 and not judged.passed
     assert judged.dispatch_lag_p99_ms == pytest.approx(2 * MAX_DISPATCH_LAG_MS)
+
+
+def test_a_lower_end_known_to_pass_is_not_probed_again():
+    asked: list[float] = []
+    judge = threshold_server(3.1)
+
+    def evaluate(rate):
+        asked.append(rate)
+        return judge(rate)
+
+    found, _, trace = search_capacity(evaluate, 0.5, 8.0, iterations=2, min_passes=True)
+    assert 0.5 not in asked and asked[0] == 8.0 and len(trace) == 3
+    assert found == pytest.approx(2.0)

@@ -35,15 +35,22 @@ def test_find_capacity_searches_inside_the_levels_bracket(monkeypatch, tmp_path)
 
     asked = {}
 
-    def search(evaluate, lower, upper, iterations):
+    def search(evaluate, lower, upper, iterations, min_passes=False):
         asked.update(lower=lower, upper=upper)
+        asked["min_passes"] = min_passes
         return upper, "censored", []
 
     monkeypatch.setattr(runner, "search_capacity", search)
     profile = load_profile("demo")
     levels = {"low": level("low", 1, 0.3), "high": level("high", 4, 0.6)}
     capacity, note, _ = runner.find_capacity("http://x", "m", profile, tmp_path, levels=levels)
-    assert asked == {"lower": 0.15, "upper": 0.75} and capacity == 0.75
+    assert asked == {"lower": 0.15, "upper": 0.75, "min_passes": True} and capacity == 0.75
     assert note.startswith("censored; bracket 0.15-0.75 req/s from the levels' throughput")
     runner.find_capacity("http://x", "m", profile, tmp_path)
-    assert asked == {"lower": profile.capacity.min_rate, "upper": profile.capacity.max_rate}
+    assert asked == {"lower": profile.capacity.min_rate, "upper": profile.capacity.max_rate,
+                     "min_passes": False}
+    assert note.endswith("0.15 req/s not probed: both levels met the SLO for 100% of requests")
+    met = dict(levels)
+    met["high"] = met["high"].model_copy(update={"goodput": 0.9})
+    runner.find_capacity("http://x", "m", profile, tmp_path, levels=met)
+    assert asked["min_passes"] is False
