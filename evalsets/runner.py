@@ -10,7 +10,6 @@ import copy
 import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +21,7 @@ from evalsets.divergence import paired_tokens, summaries
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.spec import EvalSetSpec
+from evalsets.structured import check_guided_decoding, structured_formats
 from infra.errors import MeasurementError, SpecError
 from infra.progress import progress
 from infra.secrets import auth_headers
@@ -258,44 +258,6 @@ def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] |
     return Recording(**model_args)
 
 
-def item_schema(doc: dict[str, Any]) -> dict | None:
-    """The JSON Schema an item declares (a `schema` field, JSON text or an object, on a row
-    scored as json or without a scorer field); None when it declares none."""
-    schema = doc.get("schema")
-    if not schema or doc.get("scorer", "json") != "json":
-        return None
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise MeasurementError(f"item {doc.get('id')!r}: schema is not JSON text: {exc}") from exc
-    return schema if isinstance(schema, dict) else None
-
-
-def response_format(name: str, schema: dict) -> dict:
-    """The OpenAI-compatible structured-output field vLLM's guided decoding reads."""
-    return {"type": "json_schema",
-            "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}}
-
-
-def structured_formats(config: dict[str, Any]) -> dict[str, dict]:
-    """Prompt text -> response_format for every item of the task that declares a JSON Schema."""
-    import datasets
-    from lm_eval.utils import apply_template
-
-    kwargs = config.get("dataset_kwargs") or {}
-    rows = datasets.load_dataset(config["dataset_path"], **kwargs)[config["test_split"]]
-    doc_to_text = config["doc_to_text"]
-    formats = {}
-    for doc in rows:
-        schema = item_schema(doc)
-        if schema is None:
-            continue
-        prompt = doc_to_text(doc) if callable(doc_to_text) else apply_template(doc_to_text, doc)
-        formats[prompt] = response_format(f"item_{doc.get('id', len(formats))}", schema)
-    return formats
-
-
 def _save_raw(results: dict[str, Any], folder: Path) -> None:
     from lm_eval.utils import handle_non_serializable
 
@@ -444,6 +406,8 @@ def run_quality(
     from evalsets.contracts import fit_to_context
 
     check_server(base_url, model)
+    if structured_output:
+        check_guided_decoding(base_url, model, apply_chat_template)
     try:
         fitted = fit_to_context(sets, max_model_len)
     except SpecError as err:

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from evalsets.contracts import check_prompts_fit, fit_to_context, validate_sets
+from evalsets.multiturn import check_chat_template
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
@@ -53,6 +54,7 @@ class Prepared:
         self.api_key = engine_api_key(self.spec.engine)  # its clients send it; never stored
         self.stages: list[Stage] = plan(self.spec)
         self.pools: dict[str, int] = validate_sets(self.spec.evalsets)
+        check_chat_template(self.spec.evalsets, self.spec.chat_template)
         engine = self.spec.engine
         if engine.kind == "vllm":
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
@@ -105,7 +107,7 @@ def measure_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
-        baseline_dir=baseline, parent_dir=parent,
+        baseline_dir=baseline, parent_dir=parent, structured_output=stage.structured_output,
     )
     if stage.parent is None or prepared is None:
         return quality
@@ -151,17 +153,20 @@ def _rounded(value: float | None) -> float | None:
 
 @task(name="load", cache_policy=NO_CACHE)
 def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path,
-                 cores: CorePlan | None = None) -> LoadResult:
-    return run_load(facts.base_url, facts.model, profile, folder / "load", cores=cores)
+                 cores: CorePlan | None = None, request_body: dict | None = None) -> LoadResult:
+    return run_load(facts.base_url, facts.model, profile, folder / "load", cores=cores,
+                    request_body=request_body)
 
 
 @task(name="paired load", cache_policy=NO_CACHE)
 def measure_paired_load(
     facts: EngineFacts, reference_facts: EngineFacts, reference: Stage, profile: LoadProfile,
-    folder: Path, cores: CorePlan | None = None,
+    folder: Path, cores: CorePlan | None = None, request_body: dict | None = None,
 ) -> tuple[LoadResult, PairedLoad]:
+    # Only the stage's side adds its request fields: the reference is asked as it always is.
     return run_paired_load(
-        Server(facts.base_url, facts.model), Server(reference_facts.base_url, reference_facts.model),
+        Server(facts.base_url, facts.model, request_body),
+        Server(reference_facts.base_url, reference_facts.model),
         reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
         cores=cores,
     )
@@ -199,12 +204,13 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
         changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
+        request_options=stage.request_options or None,
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
         spec.engine, stage.checkpoint, stage.engine_flags, folder / "engine.log", stage.name
     )
-    logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe())
+    logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
     try:
         with engine as facts:
             record.facts = facts
@@ -262,7 +268,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     if reference is None:
         with timed(clock, "load"):
             record.load = measure_load(facts, profile, folder,
-                                       plan_for(spec.engine))
+                                       plan_for(spec.engine), stage.load_body or None)
     else:
         # Both engines up at once, loaded in alternating rounds: drift between runs hits
         # both sides of a round alike (load/README.md).
@@ -274,7 +280,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
             clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
                 facts, reference_facts, reference, profile, folder,
-                plan_for(spec.engine))
+                plan_for(spec.engine), stage.load_body or None)
 
 
 def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
@@ -282,6 +288,7 @@ def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
         changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
+        request_options=stage.request_options or None,
         error=f"not measured: its parent {parent.name} did not finish ({parent.error})"[:2000],
     )
 

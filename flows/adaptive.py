@@ -35,10 +35,12 @@ def _extend(task: TaskQuality, items: list[QualityItem]) -> None:
 
 
 def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir: Path,
-           tokenizer_dir: Path, chat_template: bool, num_concurrent: int) -> list[QualityItem]:
+           tokenizer_dir: Path, chat_template: bool, num_concurrent: int,
+           structured_output: bool = False) -> list[QualityItem]:
     batch = spec.model_copy(update={"limit": stop - start})
     task = run_evalset(facts.base_url, facts.model, batch, out_dir, token_counter(tokenizer_dir),
-                       chat_template, num_concurrent, start=start)
+                       chat_template, num_concurrent, start=start,
+                       structured_output=structured_output)
     return task.items
 
 
@@ -81,7 +83,8 @@ def grow_until_decided(
                 if wanted > before:
                     _extend(task, _score(facts, sets[name], before, wanted,
                                          results_dir / stage.name / "quality", stage.checkpoint,
-                                         spec.chat_template, num_concurrent))
+                                         spec.chat_template, num_concurrent,
+                                         stage.structured_output))
                     quality.added_items[name] = quality.added_items.get(name, 0) + len(
                         task.items) - before
             base_record.save(baseline_folder)

@@ -18,6 +18,10 @@ ONLINE_QUANTIZATION: dict[str, dict[str, str]] = {
     "int8_per_channel_weight_only": {"weights": "int8/channel"},
 }
 
+# Stage kinds that change how the server is asked, not what it serves: no quantization axis
+# moves, so the plan accepts them with zero changed axes (like a control) and says this instead.
+REQUEST_CHANGES = {"structured_output": "structured output (guided decoding)"}
+
 KV_CACHE_DTYPES = {
     "auto": "auto",
     "bfloat16": "auto",
@@ -41,8 +45,10 @@ class Axes(BaseModel):
     def differences(self, other: Axes) -> list[str]:
         return [axis for axis in AXES if getattr(self, axis) != getattr(other, axis)]
 
-    def describe(self) -> str:
-        return ", ".join(f"{axis}={getattr(self, axis)}" for axis in AXES)
+    def describe(self, kind: str | None = None) -> str:
+        """The axes as text; for a request-changing stage kind, that change first."""
+        axes = ", ".join(f"{axis}={getattr(self, axis)}" for axis in AXES)
+        return f"{REQUEST_CHANGES[kind]}; {axes}" if kind in REQUEST_CHANGES else axes
 
 
 def _format_args(args: dict[str, Any] | None, with_dynamic: bool) -> str:

@@ -8,7 +8,9 @@ the gate policy (it decides how many items are scored). Same key, same measureme
 candidate against the same baseline serves no baseline engine, and a run started again after a
 crash resumes after its last finished stage.
 
-A control stage is never taken from the cache: re-measuring is its purpose.
+A control stage is never taken from the cache: re-measuring is its purpose. A structured_output
+stage serves its parent's configuration; its kind and request options (response_format) are in
+its key, so it never reads its parent's entry.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from evalsets.userset import data_digest
 from flows.plan import Stage, searches_capacity
 from flows.spec import Spec
 from infra.digest import checkpoint_digest, folder_digest, hardware
@@ -71,6 +74,11 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
         "load_profile": profile,
         "hardware": hardware(getattr(spec.engine, "device", "external")),
     }
+    user_data = {s.name: data_digest(s.path) for s in spec.evalsets if s.path is not None}
+    if user_data:  # sets outside evalsets/ (not in `code`): by their content
+        parts["evalset_data"] = user_data
+    if stage.request_options:  # a structured_output stage: same serving, other requests
+        parts |= {"kind": stage.kind, "request_options": stage.request_options}
     if stage.parent is not None:
         parts |= {"parent": keys[stage.parent], "baseline": keys["baseline"], "policy": policy}
     return parts

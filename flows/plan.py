@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from flows.axes import Axes, derive_axes
+from flows.axes import REQUEST_CHANGES, Axes, derive_axes
 from flows.spec import EngineFlags, Spec
 from infra.checkpoint import read_config
 from infra.digest import checkpoint_digest
@@ -20,13 +21,28 @@ class Stage(BaseModel):
 
     name: str
     kind: str = Field(
-        description="'baseline', 'weights', 'activations', 'kv_cache' or 'control'."
+        description="'baseline', 'weights', 'activations', 'kv_cache', 'control' or "
+        "'structured_output'."
     )
     parent: str | None
     checkpoint: Path
     engine_flags: EngineFlags
     axes: Axes
     changed: list[str] = Field(default_factory=list, description="Axes changed vs the parent.")
+    request_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the stage adds to its parent's requests (a structured_output stage: "
+        "response_format); its declared change when it changes no axis.")
+
+    @property
+    def structured_output(self) -> bool:
+        """Eval items that declare a JSON Schema are asked for with it (guided decoding)."""
+        return self.kind == "structured_output"
+
+    @property
+    def load_body(self) -> dict[str, Any]:
+        """Fields every load request of this stage adds to the body."""
+        return dict(self.request_options.get("load") or {})
 
     def fingerprint(self) -> str:
         """Identifies what is served, for the sign-off: the weights and config by content (not
@@ -34,6 +50,30 @@ class Stage(BaseModel):
         flags = json.dumps(self.engine_flags.model_dump(), sort_keys=True).encode()
         weights = checkpoint_digest(self.checkpoint).encode()
         return hashlib.sha256(weights + flags).hexdigest()[:16]
+
+
+# The small fixed schema every load request of a structured_output stage carries: an enum, an
+# integer and a bounded string, so the grammar is compiled and masks every step until it closes.
+LOAD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"status": {"enum": ["ok", "late", "lost"]}, "count": {"type": "integer"},
+                   "note": {"type": "string", "maxLength": 60}},
+    "required": ["status", "count", "note"],
+    "additionalProperties": False,
+}
+
+
+def request_options(kind: str) -> dict[str, Any]:
+    """The request fields a stage kind adds (see Stage.request_options); {} for the others."""
+    if kind != "structured_output":
+        return {}
+    return {
+        "change": REQUEST_CHANGES[kind],
+        "eval": "response_format json_schema: each item's own JSON Schema, on items that "
+                "declare one",
+        "load": {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "quantgate_load", "schema": LOAD_SCHEMA}}},
+    }
 
 
 def _merge(parent: EngineFlags, override: EngineFlags | None) -> EngineFlags:
@@ -52,7 +92,8 @@ def _axes(stage_name: str, checkpoint: Path, flags: EngineFlags) -> Axes:
 
 def plan(spec: Spec) -> list[Stage]:
     """Baseline first, then each stage; refuse a stage that changes zero or several axes
-    (a control stage changes none: it serves its parent again)."""
+    (a control stage changes none: it serves its parent again; a structured_output stage
+    serves it again too, asked with guided decoding)."""
     base_flags = spec.baseline.engine_flags
     stages = {
         "baseline": Stage(
@@ -74,10 +115,12 @@ def plan(spec: Spec) -> list[Stage]:
         flags = _merge(parent.engine_flags, item.engine_flags)
         axes = _axes(item.name, checkpoint, flags)
         changed = axes.differences(parent.axes)
-        if item.kind == "control":
-            # The one exception to the one-change rule: the parent again, to measure the noise.
-            stages[item.name] = Stage(name=item.name, kind="control", parent=parent.name,
-                                      checkpoint=checkpoint, engine_flags=flags, axes=axes)
+        if item.kind in ("control", "structured_output"):
+            # The exceptions to the one-change rule: the parent again, to measure the noise, or
+            # asked with guided decoding (the change is in the requests, not in what is served).
+            stages[item.name] = Stage(name=item.name, kind=item.kind, parent=parent.name,
+                                      checkpoint=checkpoint, engine_flags=flags, axes=axes,
+                                      request_options=request_options(item.kind))
             continue
         if not changed:
             raise SpecError(

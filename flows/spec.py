@@ -24,7 +24,10 @@ from infra.errors import SpecError, did_you_mean
 from infra.secrets import redact, remember, split_api_key
 from infra.yamlfile import load_model
 
-STAGE_KINDS = ("weights", "activations", "kv_cache", "control")
+STAGE_KINDS = ("weights", "activations", "kv_cache", "control", "structured_output")
+# Kinds that serve the parent's exact configuration again (no checkpoint, no engine flags).
+SAME_SERVING = {"control": "control", "structured_output": "structured_output stage"}
+SAME_SERVING_KINDS = tuple(SAME_SERVING)
 
 _TYPED = " instead (quantgate sets this flag from it; vLLM keeps the last of a repeated flag)"
 _AXIS = "it changes what is served behind the derived axes"
@@ -201,10 +204,13 @@ class BaselineSpec(Strict):
 
 class StageSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Unique stage name.")
-    kind: Literal["weights", "activations", "kv_cache", "control"] = Field(
+    kind: Literal["weights", "activations", "kv_cache", "control", "structured_output"] = Field(
         description="The one axis this stage changes; checked against what is served. 'control' "
         "serves the parent's exact configuration again (no checkpoint, no flags): it must go, "
-        "and measures the noise floor of your own hardware."
+        "and measures the noise floor of your own hardware. 'structured_output' also serves the "
+        "parent's configuration, and asks with the engine's guided decoding: eval items that "
+        "declare a JSON Schema carry it as response_format, and every load request a small "
+        "fixed one (schema validity and latency against the parent)."
     )
     parent: str | None = Field(default=None, description="Default: the stage before it.")
     checkpoint: Path | None = Field(default=None, description="Default: the parent's checkpoint.")
@@ -233,10 +239,10 @@ class Spec(Strict):
                 raise ValueError(f"stage name {stage.name!r} is used twice (or is 'baseline')")
             if stage.parent is None:
                 stage.parent = self.stages[index - 1].name if index else "baseline"
-            if stage.kind == "control" and (stage.checkpoint or stage.engine_flags):
+            if stage.kind in SAME_SERVING_KINDS and (stage.checkpoint or stage.engine_flags):
                 raise ValueError(
-                    f"stage {stage.name!r} is a control: it serves its parent's exact "
-                    "configuration, so it takes no checkpoint and no engine_flags")
+                    f"stage {stage.name!r} is a {SAME_SERVING[stage.kind]}: it serves its "
+                    "parent's exact configuration, so it takes no checkpoint and no engine_flags")
             if stage.parent not in seen:
                 raise ValueError(
                     f"stage {stage.name!r}: parent {stage.parent!r} is not an earlier stage; "
@@ -251,7 +257,7 @@ class Spec(Strict):
             url = {name: self.engine.stage_urls.get(name, self.engine.url).rstrip("/")
                    for name in seen}
             for stage in self.stages:
-                if stage.kind != "control" and url[stage.name] == url[stage.parent]:
+                if stage.kind not in SAME_SERVING_KINDS and url[stage.name] == url[stage.parent]:
                     raise ValueError(
                         f"engine.stage_urls: stage {stage.name!r} would be served by its parent "
                         f"{stage.parent!r}'s own server ({url[stage.name]}) and compared with "

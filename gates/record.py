@@ -100,6 +100,10 @@ class StageRecord(BaseModel):
     parent: str | None
     axes: dict[str, str]
     changed: list[str] = Field(default_factory=list)
+    request_options: dict[str, Any] | None = Field(
+        default=None, description="What the stage adds to its parent's requests (a "
+        "structured_output stage: response_format): its declared change, not a generation "
+        "setting.")
     emulated: bool = Field(default=False, description="Weights dequantized: speed not representative.")
     fingerprint: str | None = None
     shape: dict[str, Any] | None = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,8 +31,10 @@ def locust_env(
     *,
     max_requests: int = 0,
     rate: float = 0.0,
+    request_body: dict | None = None,
 ) -> dict[str, str]:
-    """The QG_* variables the locustfile reads (see load/locustfile.py)."""
+    """The QG_* variables the locustfile reads (see load/locustfile.py); `request_body`: fields
+    every request adds (a structured_output stage's response_format)."""
     if profile.prompts.source != "random" and profile.prompt_ids is None:
         # Never fall back to random prompts silently: the record would name the wrong source.
         raise MeasurementError(f"load profile prompts ({profile.prompts.source}) were not "
@@ -48,6 +51,7 @@ def locust_env(
         "QG_MAX_REQUESTS": str(max_requests),
         "QG_RATE": repr(float(rate)),
         "QG_TOTAL_USERS": str(users),
+        "QG_REQUEST_BODY": json.dumps(request_body or {}),
     }
 
 

@@ -49,6 +49,8 @@ MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
 TOKEN_ID_MIN = int(os.environ.get("QG_TOKEN_ID_MIN", "1000"))
 TOKEN_ID_MAX = int(os.environ.get("QG_TOKEN_ID_MAX", "40000"))
 SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
+# Fields every request adds, e.g. a structured_output stage's response_format (guided decoding).
+REQUEST_BODY = json.loads(os.environ.get("QG_REQUEST_BODY") or "{}")
 # Prompts replayed from a source (load/prompts.py): token ids, one JSON list a line; empty: random.
 PROMPTS_FILE = os.environ.get("QG_PROMPTS_FILE", "")
 SAMPLE_MESSAGE = "qg_sample"
@@ -246,6 +248,7 @@ class CompletionsUser(FastHttpUser):
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **REQUEST_BODY,
         }).encode()
         start_s = time.time()
         start = time.perf_counter()

@@ -18,6 +18,7 @@ class Server:
 
     base_url: str
     model: str
+    request_body: dict | None = None  # fields every request adds (structured_output stage)
 
 
 def round_order(index: int) -> tuple[Side, Side]:
@@ -66,7 +67,7 @@ def run_paired_load(
                                        "warmup_requests": 0})
     for side, server in servers.items():
         run_level(server.base_url, server.model, warm, "warmup", max(levels.values()),
-                  out_dir / side, cores=cores)
+                  out_dir / side, cores=cores, request_body=server.request_body)
     for level, users in levels.items():
         rounds: list[PairedRound] = []
         windows: list[float] = []
@@ -75,7 +76,8 @@ def run_paired_load(
             for side in round_order(index):
                 server = servers[side]
                 samples = run_level(server.base_url, server.model, one_side, level, users,
-                                    out_dir / side, repeat=index, cores=cores)
+                                    out_dir / side, repeat=index, cores=cores,
+                                    request_body=server.request_body)
                 measured[side], window_s = measured_part(samples, one_side, level)
                 check_equal_work(measured[side], profile.output_tokens, f"{level} ({side})")
                 if side == "stage":
@@ -89,7 +91,8 @@ def run_paired_load(
         result.repeat_summaries[level] = each
     if profile.capacity.enabled:
         capacity, note, trace = find_capacity(stage.base_url, stage.model, profile,
-                                              out_dir / "stage", cores)
+                                              out_dir / "stage", cores,
+                                              request_body=stage.request_body)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
     result.save(out_dir)
     paired.save(out_dir)

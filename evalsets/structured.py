@@ -1,0 +1,87 @@
+"""Structured output: eval items that declare a JSON Schema, asked with the engine's guided
+decoding (the OpenAI-compatible `response_format` field vLLM reads), for a structured_output
+stage. Schema validity itself is the set's own scorer (business/grading.py `score_json`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+
+from infra.errors import MeasurementError
+from infra.secrets import auth_headers
+
+# The probe a structured_output stage sends before its eval sets: a one-key object.
+PROBE_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                "additionalProperties": False}
+
+
+def item_schema(doc: dict[str, Any]) -> dict | None:
+    """The JSON Schema an item declares (a `schema` field, JSON text or an object, on a row
+    scored as json or without a scorer field); None when it declares none."""
+    schema = doc.get("schema")
+    if not schema or doc.get("scorer", "json") != "json":
+        return None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise MeasurementError(f"item {doc.get('id')!r}: schema is not JSON text: {exc}") from exc
+    return schema if isinstance(schema, dict) else None
+
+
+def response_format(name: str, schema: dict) -> dict:
+    """The OpenAI-compatible structured-output field vLLM's guided decoding reads."""
+    return {"type": "json_schema",
+            "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}}
+
+
+def structured_formats(config: dict[str, Any]) -> dict[str, dict]:
+    """Prompt text -> response_format for every item of the task that declares a JSON Schema."""
+    import datasets
+    from lm_eval.utils import apply_template
+
+    kwargs = config.get("dataset_kwargs") or {}
+    rows = datasets.load_dataset(config["dataset_path"], **kwargs)[config["test_split"]]
+    doc_to_text = config["doc_to_text"]
+    formats = {}
+    for doc in rows:
+        schema = item_schema(doc)
+        if schema is None:
+            continue
+        prompt = doc_to_text(doc) if callable(doc_to_text) else apply_template(doc_to_text, doc)
+        formats[prompt] = response_format(f"item_{doc.get('id', len(formats))}", schema)
+    return formats
+
+
+def check_guided_decoding(base_url: str, model: str, chat: bool, timeout_s: float = 120) -> None:
+    """Fail closed, in one line, when the server refuses or ignores `response_format`: one short
+    request whose answer must be JSON valid under PROBE_SCHEMA."""
+    root = base_url.rstrip("/")
+    body: dict[str, Any] = {"model": model, "max_tokens": 48, "temperature": 0,
+                            "response_format": response_format("quantgate_probe", PROBE_SCHEMA)}
+    question = 'Is the sky blue? Answer in JSON: {"ok": true} or {"ok": false}.'
+    if chat:
+        url, body["messages"] = f"{root}/v1/chat/completions", [{"role": "user", "content": question}]
+    else:
+        url, body["prompt"] = f"{root}/v1/completions", question
+    try:
+        response = httpx.post(url, json=body, timeout=timeout_s, headers=auth_headers())
+    except httpx.HTTPError as exc:
+        raise MeasurementError(f"structured output: {url} did not answer: {exc!r}") from exc
+    if response.status_code != 200:
+        raise MeasurementError(
+            f"structured output: the engine at {root} refused guided decoding (response_format "
+            f"json_schema): HTTP {response.status_code}: {response.text[:300]}")
+    choice = (response.json().get("choices") or [{}])[0]
+    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    try:
+        answer = json.loads(text or "")
+    except ValueError:
+        answer = None
+    if not (isinstance(answer, dict) and isinstance(answer.get("ok"), bool) and len(answer) == 1):
+        raise MeasurementError(
+            f"structured output: the engine at {root} accepted response_format but its answer "
+            f"{(text or '')[:120]!r} is not valid under the schema; guided decoding is not applied")
