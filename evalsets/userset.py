@@ -208,3 +208,16 @@ def task_config(info: EvalSetInfo) -> dict[str, Any]:
     config["target_delimiter"] = " "
     config["process_results"] = lambda doc, results: {"score": scorer.score(results[0], row_of(doc))}
     return config
+
+
+def data_digest(path: Path) -> str:
+    """A user set's content: its data file, or every file of its folder (task.yaml, data,
+    grading code), by relative path and bytes. It lies outside evalsets/, so the stage cache
+    key takes it from here: changing one row changes the key."""
+    from infra.digest import folder_digest
+
+    if path.is_dir():
+        return folder_digest(path)
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
