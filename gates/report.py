@@ -83,11 +83,18 @@ def _headline(stage: StageVerdict, set_names: list[str]) -> dict[str, Any]:
 
 
 def _prompts(set_name: str) -> dict[str, str]:
-    """Prompt text by item id from the eval set's own data (records keep only a prompt hash)."""
-    try:
-        from evalsets.spec import registry
+    """Prompt text by item id from the eval set's own data (records keep only a prompt hash).
+    A user's data file is found by name when its spec was read in this process (the flow's
+    report); its prompts are read as its scorer's set sends them (a dialogue turn by turn)."""
+    from infra.errors import QuantgateError
 
-        info = registry().get(set_name)
+    try:
+        from evalsets.contracts import prompts_by_id
+        from evalsets.spec import find_evalset
+
+        info = find_evalset(set_name)
+        if info is not None and info.data_file is not None:
+            return prompts_by_id(info)
         data = info.folder / "data.jsonl" if info else None
         if not data or not data.is_file():
             return {}
@@ -98,7 +105,7 @@ def _prompts(set_name: str) -> dict[str, str]:
             if "id" in row and text is not None:
                 prompts[str(row["id"])] = str(text)
         return prompts
-    except (OSError, ValueError):
+    except (OSError, ValueError, QuantgateError):
         return {}
 
 
