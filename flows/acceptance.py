@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from evalsets.contracts import check_prompts_fit, fit_to_context, validate_sets
 from evalsets.multiturn import check_chat_template
 from evalsets.results import QualityResult
-from evalsets.runner import run_quality
+from evalsets.runner import load_task_config, run_quality
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
@@ -25,6 +25,14 @@ from flows.settings import Settings
 from flows.spec import Spec, engine_api_key, load_spec
 from flows.tracking import Tracker
 from gates.accuracy import PowerPlan, plan_power
+from gates.comparability import (
+    Comparability,
+    SetSettings,
+    chat_template_hash,
+    generation_settings,
+    profile_hash,
+    tokenizer_hash,
+)
 from gates.decide import decide
 from gates.policy import GatePolicy, load_policy, precision_class, save_run_policy
 from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
@@ -41,6 +49,7 @@ from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
 from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
+from load.prompts import LoadPrompts, bind, describe, prepare, source_digest
 from load.results import LoadResult, PairedLoad
 from load.runner import run_load
 
@@ -73,6 +82,8 @@ class Prepared:
         if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
             profile = str(base / profile)
         self.profile: LoadProfile = load_profile(profile)
+        # Replayed load prompts are read and tokenized now: a bad prompt file fails before any engine.
+        self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
         self.power = check_power(self.spec, self.stages, self.pools, self.policy)
 
@@ -145,6 +156,24 @@ def stage_timings(record: StageRecord, clock: dict[str, float], wall_s: float) -
                                  for level, summary in record.load.summaries.items()}
         timings.capacity_s = record.load.capacity_s
     return timings
+
+
+def asked(stage: Stage, prepared: Prepared, quality: QualityResult | None) -> Comparability:
+    """What the stage was served and sent, for the comparability rule: its checkpoint's chat
+    template and tokenizer, each set's generation settings and first-look items, the load profile."""
+    spec, profile = prepared.spec, prepared.profile
+    sets = {}
+    for evalset in spec.evalsets:
+        task = quality.tasks.get(evalset.name) if quality is not None else None
+        if task is not None:
+            first_look = len(task.items) - quality.added_items.get(evalset.name, 0)
+            sets[evalset.name] = SetSettings(
+                generation=generation_settings(load_task_config(evalset)), items=first_look)
+    return Comparability(
+        chat_template=chat_template_hash(stage.checkpoint, spec.chat_template),
+        tokenizer=tokenizer_hash(stage.checkpoint), sets=sets,
+        load_profile=profile_hash(profile.model_dump(mode="json"), source_digest(profile.prompts)),
+        load_prompts=describe(profile, prepared.load_prompts))
 
 
 def _rounded(value: float | None) -> float | None:
@@ -241,6 +270,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         # error: rollback, with the reason.
         record.error = f"not servable: {err}" if record.facts is None else str(err)
         logger.error("stage %s: %s", stage.name, record.error)
+    record.comparability = asked(stage, prepared, record.quality)
     record.timings = stage_timings(record, clock, time.monotonic() - started)
     record.save(folder)
     return record
@@ -251,7 +281,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     """Load levels (and capacity search), alone or in rounds against the reference beside it."""
     logger = get_run_logger()
     spec = prepared.spec
-    profile = prepared.profile
+    profile = bind(prepared.profile, prepared.load_prompts, folder / "load")
     if profile.capacity.enabled and not searches_capacity(
             stage, prepared.stages, profile.capacity.model_dump()):
         logger.info("stage %s: no capacity search (only the baseline and the final candidate; "

@@ -29,6 +29,8 @@ from flows.spec import Spec
 from infra.digest import checkpoint_digest, folder_digest, hardware
 from infra.secrets import ENGINE_KEY_ENV
 from infra.vllm_engine import build_command
+from load.profile import PromptSource
+from load.prompts import source_digest
 
 # Bump when a stored stage's layout or meaning changes: every older entry is then a miss.
 CACHE_VERSION = 1
@@ -72,6 +74,8 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
         "chat_template": spec.chat_template,
         "code": code,
         "load_profile": profile,
+        # A prompt source's content, not only its name: an edited prompt file is a new load.
+        "load_prompts": source_digest(PromptSource.model_validate(profile.get("prompts") or {})),
         "hardware": hardware(getattr(spec.engine, "device", "external")),
     }
     user_data = {s.name: data_digest(s.path) for s in spec.evalsets if s.path is not None}

@@ -170,3 +170,32 @@ def test_profile_hash_covers_the_prompt_source_content():
     profile = {"high_users": 4, "prompts": {"source": "file", "path": "/p.jsonl"}}
     assert profile_hash(profile, "x") != profile_hash(profile, "y")
     assert profile_hash(profile, "x") == profile_hash(dict(profile), "x")
+
+
+def test_the_flow_records_what_the_stage_was_asked(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from flows.acceptance import asked as recorded
+    from load.profile import load_profile
+    from tests.flows.test_cache import spec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    the_spec = spec(tmp_path)
+    checkpoint = the_spec.baseline.checkpoint
+    (checkpoint / "chat_template.jinja").write_text("{{ messages }}")
+    (checkpoint / "tokenizer.json").write_text("{}")
+    grown = record("w4", "baseline", SCORES)
+    _grown(grown, 10)
+    grown.quality.added_items = {"math": 10}
+    prepared = SimpleNamespace(spec=the_spec, profile=load_profile("ci"), load_prompts=None)
+    comparability = recorded(SimpleNamespace(checkpoint=checkpoint), prepared, grown.quality)
+    assert comparability.chat_template == chat_template_hash(checkpoint)
+    assert comparability.tokenizer == tokenizer_hash(checkpoint)
+    # As sent: evalsets/math/task.yaml's settings; the first look only (the 10 grown items not).
+    assert comparability.sets["math"] == SetSettings(
+        generation={"max_gen_toks": 96, "until": ["Question:", "<|im_end|>", "<|endoftext|>"],
+                    "temperature": 0.0, "do_sample": False}, items=len(SCORES))
+    assert comparability.load_prompts == "random token ids, 128 per prompt"
+    other = SimpleNamespace(spec=the_spec, profile=load_profile("demo"), load_prompts=None)
+    assert recorded(SimpleNamespace(checkpoint=checkpoint), other, None).load_profile != \
+        comparability.load_profile

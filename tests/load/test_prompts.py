@@ -149,3 +149,19 @@ def test_locust_replays_the_bound_prompts_and_records_their_token_counts(fake_op
     assert sorted(s.prompt_tokens for s in samples) == sorted(len(b["prompt"]) for b in
                                                               fake_openai.requests)
     assert len({s.prompt_tokens for s in samples}) > 1  # real lengths, not one fixed size
+
+
+def test_the_stage_cache_key_follows_the_prompt_files_content(tmp_path, monkeypatch):
+    from tests.flows.test_cache import keys, spec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = tmp_path / "prompts.txt"
+    path.write_text("first prompt\n")
+    replayed = {"requests": 12, "output_tokens": 32,
+                "prompts": {"source": "file", "path": str(path), "field": "prompt"}}
+    the_spec = spec(tmp_path)
+    before = keys(the_spec, profile=replayed)
+    assert keys(the_spec, profile=replayed) == before
+    path.write_text("an edited prompt\n")
+    after = keys(the_spec, profile=replayed)
+    assert all(after[name] != before[name] for name in before)
