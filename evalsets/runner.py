@@ -313,7 +313,7 @@ def run_evalset(
         lm = recording_model(
             apply_chat_template,
             on_items,
-            structured_formats(config) if structured_output else None,
+            structured_formats(config, spec.info) if structured_output else None,
             model=model,
             base_url=root + endpoint,
             num_concurrent=num_concurrent,

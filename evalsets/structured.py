@@ -38,17 +38,28 @@ def response_format(name: str, schema: dict) -> dict:
             "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64], "schema": schema}}
 
 
-def structured_formats(config: dict[str, Any]) -> dict[str, dict]:
-    """Prompt text -> response_format for every item of the task that declares a JSON Schema."""
+def structured_formats(config: dict[str, Any], info: Any = None) -> dict[str, dict]:
+    """Prompt text -> response_format for every item of the task that declares a JSON Schema:
+    a built-in row's `schema` field (item_schema), or a user data file's json scorer's schema
+    (`info.scorer.schema_of`, evalsets/userset.py rows travel as JSON text in `row`)."""
     import datasets
     from lm_eval.utils import apply_template
 
-    kwargs = config.get("dataset_kwargs") or {}
-    rows = datasets.load_dataset(config["dataset_path"], **kwargs)[config["test_split"]]
+    split = config.get("test_split", "test")
+    if callable(config.get("custom_dataset")):
+        rows = config["custom_dataset"]()[split]
+    else:
+        rows = datasets.load_dataset(config["dataset_path"], **(config.get("dataset_kwargs") or {}))[split]
+    schema_of = getattr(getattr(info, "scorer", None), "schema_of", None)
+    if getattr(info, "data_file", None) is not None:
+        def declared(doc: dict) -> dict | None:
+            return schema_of(json.loads(doc["row"])) if schema_of is not None else None
+    else:
+        declared = item_schema
     doc_to_text = config["doc_to_text"]
     formats = {}
     for doc in rows:
-        schema = item_schema(doc)
+        schema = declared(doc)
         if schema is None:
             continue
         prompt = doc_to_text(doc) if callable(doc_to_text) else apply_template(doc_to_text, doc)

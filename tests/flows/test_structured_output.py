@@ -145,3 +145,20 @@ def test_only_the_stage_side_of_paired_rounds_adds_the_fields(tmp_path, monkeypa
     acceptance.measure_paired_load.fn(facts(), facts(), plan(load_spec(structured_spec(tmp_path)))[1],
                                       LOAD, tmp_path, None, body)
     assert seen["stage"].request_body == body and seen["reference"].request_body is None
+
+
+def test_a_user_json_set_carries_its_scorers_schema(tmp_path):
+    schema = {"type": "object", "properties": {"priority": {"enum": ["high", "low"]}},
+              "required": ["priority"]}
+    rows = [{"id": "t1", "prompt": "Server down. Priority as JSON?", "expected": {"priority": "high"}},
+            {"id": "t2", "prompt": "Typo on a page. Priority as JSON?", "expected": {"priority": "low"}}]
+    data = tmp_path / "tickets.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = EvalSetSpec(name="tickets", path=data,
+                       scorer={"kind": "json", "schema": schema, "field": "expected"})
+    with FakeChat(answer='{"priority": "high"}') as server:
+        task = run_evalset(server.base_url, server.model, spec, tmp_path / "out", count_tokens=None,
+                           num_concurrent=1, structured_output=True)
+        bodies = list(server.requests)
+    assert [b["response_format"]["json_schema"]["schema"] for b in bodies] == [schema, schema]
+    assert {item.id: item.score for item in task.items} == {"t1": 1.0, "t2": 0.0}
