@@ -221,3 +221,17 @@ def data_digest(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def chat_template_problem(sets: list[Any], chat_template: bool) -> str | None:
+    """Why the sets cannot run as the spec asks, or None: a choice set scores the log-likelihood
+    of each choice, which lm-eval's chat model cannot do (LocalChatCompletion.loglikelihood
+    raises NotImplementedError): it needs the completions endpoint."""
+    if not chat_template:
+        return None
+    for spec in sets:
+        if spec.path is not None and isinstance(spec.scorer, ChoiceScorer):
+            return (f"evalsets: {spec.name!r} has a choice scorer (log-likelihood of each choice), "
+                    "which the chat endpoint cannot score; set chat_template: false or use "
+                    "another scorer")
+    return None

@@ -232,6 +232,15 @@ class Spec(Strict):
     gate_policy: str = Field(default="default", description="Policy name in gates/ or a path.")
 
     @model_validator(mode="after")
+    def _sets_fit_the_endpoint(self) -> Spec:
+        from evalsets.userset import chat_template_problem
+
+        problem = chat_template_problem(self.evalsets, self.chat_template)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _names(self) -> Spec:
         seen = {"baseline"}
         for index, stage in enumerate(self.stages):

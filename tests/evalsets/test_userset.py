@@ -218,3 +218,15 @@ def test_a_user_file_runs_through_lm_eval_into_items(tmp_path, write):
     assert {item.response.strip() for item in task.items} == {"tok"}
     assert len(fake.requests) == 6 and fake.requests[0]["prompt"] == "Question 0: say tok"
     assert (tmp_path / "out" / "tickets" / "lm_eval_samples.jsonl").is_file()
+
+
+def test_choice_needs_the_completions_endpoint(tmp_path):
+    from flows.spec import load_spec
+    from tests.flows.test_spec import write_spec
+
+    write_jsonl(tmp_path / "q.jsonl", [{"id": 1, "prompt": "p", "choices": ["a", "b"], "answer": 0}])
+    choice = {"name": "quiz", "path": "q.jsonl", "scorer": {"kind": "choice"}}
+    with pytest.raises(SpecError, match="'quiz' has a choice scorer.*set chat_template: false"):
+        load_spec(write_spec(tmp_path, evalsets=[{"name": "math", "limit": 60}, choice]))
+    spec = load_spec(write_spec(tmp_path, evalsets=[choice], chat_template=False))
+    assert spec.evalsets[0].path == tmp_path / "q.jsonl"
