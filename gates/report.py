@@ -252,6 +252,44 @@ def reused_from(record: StageRecord, run: str) -> str | None:
     return f"{elsewhere} (stage cache {record.cache_key[:12]})"
 
 
+def _grouped(values: dict[str, str]) -> str:
+    """'3f2a (every stage)' or '3f2a (baseline, w8); 9c1d (a8)': stages that differ stand out."""
+    groups: dict[str, list[str]] = {}
+    for stage, value in values.items():
+        groups.setdefault(value, []).append(stage)
+    if len(groups) == 1 and len(values) > 1:
+        return f"{next(iter(groups))} (every stage)"
+    return "; ".join(f"{value} ({', '.join(stages)})" for value, stages in groups.items())
+
+
+def comparability_rows(records: list[StageRecord]) -> list[dict[str, str]]:
+    """For the sign-off: the chat template, tokenizer, load profile and per-set settings every
+    stage was asked with (gates/comparability.py), grouped by value."""
+    asked = {r.name: r.comparability for r in records if r.comparability is not None}
+    if not asked:
+        return []
+    rows = [{"what": label, "value": _grouped({name: getattr(c, field) for name, c in asked.items()})}
+            for label, field in (("Chat template", "chat_template"), ("Tokenizer", "tokenizer"),
+                                 ("Load profile", "load_profile"))]
+    for set_name in sorted({name for c in asked.values() for name in c.sets}):
+        shown = {stage: ", ".join([f"{key} {json.dumps(value)}" for key, value in
+                                   c.sets[set_name].generation.items()]
+                                  + [f"{c.sets[set_name].items} first-look items"])
+                 for stage, c in asked.items() if set_name in c.sets}
+        rows.append({"what": f"Eval set {set_name}", "value": _grouped(shown)})
+    if len(asked) < len(records):
+        rows.append({"what": "Not recorded", "value": ", ".join(
+            r.name for r in records if r.comparability is None) + " (stored by an older quantgate)"})
+    return rows
+
+
+def load_prompts_line(records: list[StageRecord]) -> str:
+    """Which prompts the load sent, per stage that recorded it."""
+    sources = {r.name: r.comparability.load_prompts for r in records
+               if r.comparability is not None and r.load is not None}
+    return _grouped(sources) if sources else ""
+
+
 def cache_rows(records: list[StageRecord], run: str) -> list[dict[str, str]]:
     """The stage cache key of every stage that has one, and whether this run measured it."""
     return [{"stage": r.name, "key": r.cache_key,
@@ -299,7 +337,8 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
-        "cache": cache_rows(records, run), "whatif": whatif, "timing": timing_rows(records, run),
+        "cache": cache_rows(records, run), "comparability": comparability_rows(records),
+        "load_prompts": load_prompts_line(records), "whatif": whatif, "timing": timing_rows(records, run),
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],

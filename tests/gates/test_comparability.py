@@ -199,3 +199,29 @@ def test_the_flow_records_what_the_stage_was_asked(tmp_path, monkeypatch):
     other = SimpleNamespace(spec=the_spec, profile=load_profile("demo"), load_prompts=None)
     assert recorded(SimpleNamespace(checkpoint=checkpoint), other, None).load_profile != \
         comparability.load_profile
+
+
+def test_the_report_sign_off_shows_the_hashes_and_the_load_section_the_prompt_source(tmp_path):
+    from gates.report import write_report
+    from tests.gates.records import chain
+
+    records = chain()
+    source = "eval set math: 120 prompts of 12-80 tokens (median 31)"
+    for stage in records:
+        stage.comparability = asked(sets={"math": SetSettings(generation=dict(MATH), items=120)},
+                                    load_prompts=source)
+    records[2].comparability = records[2].comparability.model_copy(update={"tokenizer": "9" * 16})
+    verdict = decide("demo", records, GatePolicy())
+    assert f"a8: comparability: tokenizer {'9' * 16} vs baseline {'b' * 16}" in verdict.reasons
+    paths = write_report(verdict, records, tmp_path / "report")
+    md, html = paths["md"].read_text(), paths["html"].read_text()
+    sign_off = md[md.index("## Sign-off"):]
+    assert f"| Asked alike: Chat template | {'a' * 16} (every stage) |" in sign_off
+    assert f"| Asked alike: Tokenizer | {'b' * 16} (baseline, w8); {'9' * 16} (a8) |" in sign_off
+    assert f"| Asked alike: Load profile | {'c' * 16} (every stage) |" in sign_off
+    assert ('| Asked alike: Eval set math | max_gen_toks 256, until ["Question:"], temperature '
+            '0.0, do_sample false, 120 first-look items (every stage) |') in sign_off
+    latency = md[md.index("## Latency"):md.index("## Sign-off")]
+    assert f"Load prompts: {source} (every stage)." in latency
+    assert 'id="comparability"' in html and f"Tokenizer: <code>{'b' * 16} (baseline, w8)" in html
+    assert f"<strong>Load prompts</strong>: {source} (every stage)." in html
