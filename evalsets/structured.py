@@ -96,3 +96,32 @@ def check_guided_decoding(base_url: str, model: str, chat: bool, timeout_s: floa
         raise MeasurementError(
             f"structured output: the engine at {root} accepted response_format but its answer "
             f"{(text or '')[:120]!r} is not valid under the schema; guided decoding is not applied")
+
+
+def schema_items(spec: Any) -> int:
+    """How many of the items a spec selects (its groups, its first `limit`) declare a JSON
+    Schema, read from the set's data without an engine."""
+    from evalsets.contracts import data_files, load_contract
+    from evalsets.jsonl import read_jsonl
+
+    info = spec.info
+    if info.data_file is not None:  # a user data file: its json scorer gives every row one
+        return 1 if getattr(info.scorer, "schema_of", None) is not None else 0
+    rows = [row for path in data_files(info) if path.suffix == ".jsonl" and path.is_file()
+            for row in read_jsonl(path)]
+    if spec.groups is not None:
+        group = load_contract(info).group
+        rows = [row for row in rows if str(row.get(group)) in spec.groups]
+    return sum(item_schema(row) is not None for row in rows[:spec.limit])
+
+
+def check_schema_items(stage_name: str, sets: list[Any]) -> None:
+    """A structured_output stage needs items that declare a schema: without any, its quality
+    would measure nothing guided decoding changes (fail closed, before any engine starts)."""
+    if not any(schema_items(spec) for spec in sets):
+        from infra.errors import SpecError
+
+        raise SpecError(
+            f"stage {stage_name!r} is structured_output but none of the eval sets "
+            f"({', '.join(spec.name for spec in sets)}) declares a JSON Schema; add the business "
+            "set or a user set with a json scorer")

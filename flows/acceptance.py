@@ -16,6 +16,7 @@ from evalsets.contracts import check_prompts_fit, fit_to_context, validate_sets
 from evalsets.multiturn import check_chat_template
 from evalsets.results import QualityResult
 from evalsets.runner import load_task_config, run_quality
+from evalsets.structured import check_schema_items
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
@@ -64,6 +65,9 @@ class Prepared:
         self.stages: list[Stage] = plan(self.spec)
         self.pools: dict[str, int] = validate_sets(self.spec.evalsets)
         check_chat_template(self.spec.evalsets, self.spec.chat_template)
+        for stage in self.stages:
+            if stage.structured_output:
+                check_schema_items(stage.name, self.spec.evalsets)
         engine = self.spec.engine
         if engine.kind == "vllm":
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now

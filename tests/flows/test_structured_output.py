@@ -10,7 +10,13 @@ import pytest
 import flows.acceptance as acceptance
 from evalsets.runner import run_evalset
 from evalsets.spec import EvalSetSpec
-from evalsets.structured import PROBE_SCHEMA, check_guided_decoding, item_schema
+from evalsets.structured import (
+    PROBE_SCHEMA,
+    check_guided_decoding,
+    check_schema_items,
+    item_schema,
+    schema_items,
+)
 from flows.cache import digest, stage_keys
 from flows.plan import LOAD_SCHEMA, plan
 from flows.spec import load_spec
@@ -162,3 +168,13 @@ def test_a_user_json_set_carries_its_scorers_schema(tmp_path):
         bodies = list(server.requests)
     assert [b["response_format"]["json_schema"]["schema"] for b in bodies] == [schema, schema]
     assert {item.id: item.score for item in task.items} == {"t1": 1.0, "t2": 0.0}
+
+
+def test_a_structured_stage_needs_items_that_declare_a_schema():
+    assert schema_items(EvalSetSpec(name="business", limit=6)) == 2
+    assert schema_items(EvalSetSpec(name="business", limit=2)) == 0  # biz-0000, -0001: no json
+    assert schema_items(EvalSetSpec(name="business", groups=["json"], limit=5)) == 5
+    check_schema_items("s", [EvalSetSpec(name="math"), EvalSetSpec(name="business", limit=3)])
+    with pytest.raises(SpecError, match="stage 's' is structured_output but none of the eval sets "
+                                        r"\(math, conversation\) declares a JSON Schema"):
+        check_schema_items("s", [EvalSetSpec(name="math"), EvalSetSpec(name="conversation")])
