@@ -178,3 +178,20 @@ def test_a_structured_stage_needs_items_that_declare_a_schema():
     with pytest.raises(SpecError, match="stage 's' is structured_output but none of the eval sets "
                                         r"\(math, conversation\) declares a JSON Schema"):
         check_schema_items("s", [EvalSetSpec(name="math"), EvalSetSpec(name="conversation")])
+
+
+def test_the_flow_asks_the_quality_and_load_runs_with_the_stage_options(tmp_path, monkeypatch):
+    spec = load_spec(structured_spec(tmp_path))
+    parent, stage = plan(spec)[1:]
+    asked = {}
+    monkeypatch.setattr(acceptance, "run_quality",
+                        lambda *args, **kwargs: asked.setdefault("quality", []).append(kwargs))
+    monkeypatch.setattr(acceptance, "run_load",
+                        lambda *args, **kwargs: asked.setdefault("load", []).append(kwargs))
+    facts = type("Facts", (), {"base_url": "http://s", "model": "m", "max_model_len": 2048})()
+    settings = type("Settings", (), {"num_concurrent": 1})()
+    for served in (parent, stage):
+        acceptance.measure_quality.fn(facts, served, spec, tmp_path, settings)
+        acceptance.measure_load.fn(facts, LOAD, tmp_path, None, served.load_body or None)
+    assert [k["structured_output"] for k in asked["quality"]] == [False, True]
+    assert [k["request_body"] for k in asked["load"]] == [None, stage.load_body]
