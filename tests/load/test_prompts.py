@@ -165,3 +165,12 @@ def test_the_stage_cache_key_follows_the_prompt_files_content(tmp_path, monkeypa
     path.write_text("an edited prompt\n")
     after = keys(the_spec, profile=replayed)
     assert all(after[name] != before[name] for name in before)
+
+
+def test_the_bundled_math_prompts_profile_replays_the_math_set(tmp_path):
+    bundled = load_profile("ci-math-prompts")
+    questions = math_questions()
+    checkpoint = word_tokenizer(tmp_path / "ckpt", [f"Question: {q}\nAnswer:" for q in questions])
+    prompts = prepare(bundled, checkpoint)
+    assert prompts.source == "eval set math" and len(prompts.ids) == len(questions)
+    assert prompts.left_out == 0 and bundled.prompts.name == "math"
