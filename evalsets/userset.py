@@ -235,3 +235,133 @@ def chat_template_problem(sets: list[Any], chat_template: bool) -> str | None:
                     "which the chat endpoint cannot score; set chat_template: false or use "
                     "another scorer")
     return None
+
+
+# Example rows per scorer kind: a few templates, expanded reproducibly to EXAMPLE_ROWS rows so a
+# spec with the scaffold as is has enough items for the accuracy gate's power (validate checks).
+EXAMPLE_ROWS = 120
+_TEAMS = {
+    "billing": ["I was charged twice for order {n}.", "My invoice {n} shows the wrong amount.",
+                "Please refund the duplicate payment on order {n}."],
+    "shipping": ["Parcel {n} has not arrived after ten days.", "Order {n} was sent to my old "
+                 "address.", "The tracking page for parcel {n} has not moved in a week."],
+    "account": ["I cannot log in to account {n} since I changed my e-mail.", "Please delete "
+                "account {n} and its data.", "The password reset link for account {n} expired."],
+}
+_ROUTE = "Route the ticket to billing, shipping or account. Answer with the team only.\n\nTicket: "
+_NAMES = ["Ana Silva", "Ben Okafor", "Chen Wei", "Dara Novak", "Eli Haddad", "Femi Adeyemi"]
+
+
+def _tickets() -> list[tuple[str, str]]:
+    tickets = [(team, text.format(n=1000 + 37 * i))
+               for i in range(EXAMPLE_ROWS // 9 + 1)
+               for team, texts in _TEAMS.items() for text in texts]
+    return tickets[:EXAMPLE_ROWS]
+
+
+def examples(kind: str) -> tuple[dict, list[dict]]:
+    """The scorer declaration and the example rows of one scorer kind."""
+    import random
+
+    rng = random.Random(12)
+    rows: list[dict] = []
+    if kind == "exact":
+        rows = [{"id": f"t{i:03d}", "prompt": _ROUTE + text, "answer": team}
+                for i, (team, text) in enumerate(_tickets())]
+        return {"kind": "exact", "field": "answer"}, rows
+    if kind == "choice":
+        rows = [{"id": f"q{i:03d}", "prompt": f"Ticket: {text}\nQuestion: which team handles it?"
+                 "\nAnswer:", "choices": list(_TEAMS), "answer": team}
+                for i, (team, text) in enumerate(_tickets())]
+        return {"kind": "choice", "choices_field": "choices", "field": "answer"}, rows
+    for i in range(EXAMPLE_ROWS):
+        a, b = rng.randint(2, 12), rng.randint(2, 40)
+        if kind == "regex":
+            year, month, day = 2020 + i % 6, 1 + i % 12, 1 + i % 28
+            rows.append({"id": f"r{i:03d}", "prompt": f"Write the date {day}/{month}/{year} "
+                         "(day/month/year) in ISO format, YYYY-MM-DD.",
+                         "pattern": rf"\b{year}-{month:02d}-{day:02d}\b"})
+        elif kind == "numeric":
+            rows.append({"id": f"n{i:03d}", "prompt": f"An order has {a} items at {b}.50 each. "
+                         "What is the total? Answer with the number only.",
+                         "answer": a * (b + 0.5)})
+        elif kind == "json":
+            name, amount = _NAMES[i % len(_NAMES)], a * b + 0.5
+            rows.append({"id": f"j{i:03d}", "prompt": "Extract the customer and the amount as "
+                         "JSON with keys customer (string) and amount (number).\n\nText: "
+                         f"{name} paid {amount} euros for order {1000 + i}.",
+                         "schema": {"type": "object", "required": ["customer", "amount"],
+                                    "properties": {"customer": {"type": "string"},
+                                                   "amount": {"type": "number"}}},
+                         "answer": {"customer": name, "amount": amount}})
+        elif kind == "code":
+            op, sign, at_a, at_zero = [("plus", "+", a + 5, 5), ("times", "*", a * 5, 0),
+                                       ("minus", "-", a - 5, -5)][i % 3]
+            rows.append({"id": f"c{i:03d}", "prompt": f"Write a Python function {op}_{i}(x) that "
+                         f"returns x {sign} 5.", "entry_point": f"{op}_{i}",
+                         "tests": f"assert {op}_{i}({a}) == {at_a}\nassert {op}_{i}(0) == {at_zero}"})
+    scorers = {"regex": {"kind": "regex", "field": "pattern"},
+               "numeric": {"kind": "numeric", "field": "answer", "tolerance": 0.01},
+               "json": {"kind": "json", "schema_field": "schema", "field": "answer"},
+               "code": {"kind": "code", "tests_field": "tests", "entry_point_field": "entry_point"}}
+    if kind not in scorers:
+        raise SpecError(f"no examples for scorer kind {kind!r}")
+    return scorers[kind], rows
+
+
+def scaffold(folder: Path, kind: str, source: Path | None = None) -> list[Path]:
+    """A new user set in `folder`: a data file (example rows for the scorer, or the rows of
+    `source`), a README and a spec snippet; refuses a folder that holds anything."""
+    import shutil
+
+    import yaml
+
+    from evalsets.scorers import SCORER_KINDS
+    from evalsets.spec import DATA_SUFFIXES, registry
+    from infra.errors import did_you_mean
+
+    if kind not in SCORER_KINDS:
+        raise SpecError(f"--scorer {kind!r}: {did_you_mean(kind, SCORER_KINDS)}")
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise SpecError(f"{folder} already exists and is not empty; choose a new folder")
+    scorer, rows = examples(kind)
+    if source is not None:
+        if source.suffix not in DATA_SUFFIXES:
+            raise SpecError(f"--from {source}: unsupported data file (valid: {', '.join(DATA_SUFFIXES)})")
+        read_rows(source)  # a bad line fails here, named, before anything is written
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / (source.name if source is not None else "data.jsonl")
+    if source is not None:
+        shutil.copyfile(source, data)
+    else:
+        data.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in folder.resolve().name.lower())
+    name = f"{name}_own" if name in registry() else name
+    entry = {"name": name, "path": str(data.resolve()), "scorer": scorer, "limit": 50}
+    snippet = folder / "spec-snippet.yaml"
+    endpoint = ("\n# choice scores log-likelihoods: the spec needs chat_template: false\n"
+                "chat_template: false\n" if kind == "choice" else "")
+    snippet.write_text("# Paste under `evalsets:` in your candidate spec (a relative path is "
+                       "relative to the spec file).\n" + yaml.safe_dump({"evalsets": [entry]},
+                                                                         sort_keys=False) + endpoint)
+    readme = folder / "README.md"
+    readme.write_text(f"""# Eval set `{name}` ({kind} scorer)
+
+`{data.name}` holds one item per row: a unique `id`, the `prompt` sent to the model (or a
+`messages` list of {{role, content}} turns ending with the user's, for a dialogue), and the
+fields the `{kind}` scorer reads: {", ".join(_scorer_fields(scorer))}. Add your own rows in the
+same shape (JSONL, CSV or Parquet).
+
+Point a candidate spec at it with the entry in `spec-snippet.yaml`, then check it before any
+engine starts:
+
+    quantgate validate SPEC.yaml
+
+A bad row is named by file, line and field (exit 2). Other row field names: set
+`prompt_field` / `id_field` in the spec entry and the scorer's field names in `scorer`.
+""")
+    return [data, readme, snippet]
+
+
+def _scorer_fields(scorer: dict) -> list[str]:
+    return [f"`{value}`" for key, value in scorer.items() if key.endswith("field")] or ["-"]

@@ -86,6 +86,38 @@ def validate(spec: Path) -> None:
         console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
 
 
+@app.command("new-evalset")
+def new_evalset(
+    folder: Path,
+    scorer: Annotated[str, typer.Option(
+        "--scorer", help="exact, regex, numeric, json, code or choice.")],
+    source: Annotated[Path | None, typer.Option(
+        "--from", help="Take the rows from this JSONL, CSV or Parquet file.")] = None,
+) -> None:
+    """Scaffold your own eval set: a data file (example rows, or your file's), a README and the
+    spec entry; its rows are checked against their contract as `validate` checks them."""
+    import yaml
+
+    from evalsets.contracts import validate_sets
+    from evalsets.spec import EvalSetSpec
+    from evalsets.userset import scaffold
+
+    try:
+        written = scaffold(folder, scorer, source)
+        entry = yaml.safe_load(written[-1].read_text())["evalsets"][0]
+        rows = validate_sets([EvalSetSpec.model_validate(entry)])[entry["name"]]
+    except QuantgateError as err:
+        hint = (f" (your rows' field names go in {folder / 'spec-snippet.yaml'}: prompt_field, "
+                "id_field and the scorer's fields)" if source is not None and folder.is_dir() else "")
+        fail(f"{err}{hint}")
+    except ValueError as err:  # pydantic: the scaffolded entry does not fit the rows
+        fail(f"{folder / 'spec-snippet.yaml'}: {err}".replace("\n", " "))
+    for path in written:
+        console.print(f"wrote {escape(str(path))}", highlight=False)
+    console.print(f"{entry['name']}: {rows} rows pass their contract; add the entry in "
+                  f"{escape(str(written[-1]))} to your spec's evalsets", highlight=False)
+
+
 @app.command()
 def run(
     spec: Path,
