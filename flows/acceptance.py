@@ -50,7 +50,7 @@ from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
 from load.paired import Server, run_paired_load
 from load.profile import LoadProfile, load_profile
-from load.prompts import LoadPrompts, bind, describe, prepare, source_digest
+from load.prompts import LoadPrompts, bind, describe, prepare, sized, source_digest
 from load.results import LoadResult, PairedLoad
 from load.runner import run_load
 
@@ -485,7 +485,7 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
         with timed(clock, "reporting"):
             report = write_report(
                 verdict, records, report_dir, signer=settings.signer,
-                workload=workload_from_profile(prepared.profile),
+                workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
                 workload_source=f"load profile {spec.load_profile}")
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started

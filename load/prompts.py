@@ -149,6 +149,16 @@ def prepare(profile: LoadProfile, checkpoint: Path) -> LoadPrompts | None:
                        max_tokens=profile.prompt_tokens)
 
 
+def sized(profile: LoadProfile, prompts: LoadPrompts | None) -> LoadProfile:
+    """The profile with prompt_tokens set to the mean prompt the load sent (the random token
+    after the first included): what a model of uniform requests (the capacity what-if) must be
+    given, since prompt_tokens is only the longest replayed prompt."""
+    if prompts is None:
+        return profile
+    mean = statistics.fmean(len(ids) + 1 for ids in prompts.ids)
+    return profile.model_copy(update={"prompt_tokens": max(1, round(mean))})
+
+
 def bind(profile: LoadProfile, prompts: LoadPrompts | None, folder: Path) -> LoadProfile:
     """The profile with its prompts' token ids saved in `folder` for the locustfile to replay."""
     if prompts is None:

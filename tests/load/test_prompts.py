@@ -12,7 +12,7 @@ import pytest
 from infra.errors import MeasurementError, SpecError
 from load.launch import locust_env
 from load.profile import LoadProfile, PromptSource, load_profile
-from load.prompts import IDS_FILE, bind, describe, prepare, read_texts, source_digest
+from load.prompts import IDS_FILE, bind, describe, prepare, read_texts, sized, source_digest
 from load.runner import run_level
 
 MATH_DATA = Path(__file__).resolve().parents[2] / "evalsets" / "math" / "data.jsonl"
@@ -174,3 +174,12 @@ def test_the_bundled_math_prompts_profile_replays_the_math_set(tmp_path):
     prompts = prepare(bundled, checkpoint)
     assert prompts.source == "eval set math" and len(prompts.ids) == len(questions)
     assert prompts.left_out == 0 and bundled.prompts.name == "math"
+
+
+def test_the_what_if_is_given_the_mean_prompt_sent_not_the_longest(tmp_path):
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "a b c d e f g h"}\n{"prompt": "a b"}\n')
+    checkpoint = word_tokenizer(tmp_path / "ckpt", ["a b c d e f g h"])
+    replayed = profile({"source": "file", "path": str(jsonl)}, prompt_tokens=64)
+    assert sized(replayed, prepare(replayed, checkpoint)).prompt_tokens == 6  # (9 + 3) / 2 sent
+    assert sized(replayed, None).prompt_tokens == 64
