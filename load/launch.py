@@ -31,6 +31,7 @@ def locust_env(
     *,
     max_requests: int = 0,
     rate: float = 0.0,
+    arrivals_s: float = 0.0,
     request_body: dict | None = None,
 ) -> dict[str, str]:
     """The QG_* variables the locustfile reads (see load/locustfile.py); `request_body`: fields
@@ -50,6 +51,7 @@ def locust_env(
         "QG_SAMPLES_FILE": str(samples_path) if samples_path else "",
         "QG_MAX_REQUESTS": str(max_requests),
         "QG_RATE": repr(float(rate)),
+        "QG_ARRIVALS_FOR_S": repr(float(arrivals_s)),
         "QG_TOTAL_USERS": str(users),
         "QG_REQUEST_BODY": json.dumps(request_body or {}),
     }

@@ -41,6 +41,9 @@ LEVEL = os.environ.get("QG_LEVEL", "")
 TIMEOUT_S = float(os.environ.get("QG_TIMEOUT_S", "120"))
 MAX_REQUESTS = int(os.environ.get("QG_MAX_REQUESTS", "0"))
 RATE = float(os.environ.get("QG_RATE", "0"))
+# Open loop: no arrival is sent later than this many seconds after the first (0: no limit). A
+# user that would wait past it stops, rather than sleeping through Locust's stop timeout.
+ARRIVALS_FOR_S = float(os.environ.get("QG_ARRIVALS_FOR_S", "0"))
 TOTAL_USERS = int(os.environ.get("QG_TOTAL_USERS", "0"))
 # Distributed mode: the master ends the run itself after this many seconds (see _graceful_end).
 MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
@@ -79,14 +82,18 @@ class Arrivals:
     opens the warm-up after the first request) is anchored to the schedule, whatever the rate.
     """
 
-    def __init__(self, rate: float, seed: str, start: float) -> None:
+    def __init__(self, rate: float, seed: str, start: float, for_s: float = 0.0) -> None:
         self._rng = random.Random(seed)
         self._rate = rate
         self._next = start
+        self._last = start + for_s if for_s > 0 else float("inf")
 
-    def take(self) -> float:
+    def take(self) -> float | None:
+        """The next arrival's time; None once the schedule has ended."""
         # No gevent switch in here: takes are atomic among the users of one process.
         due = self._next
+        if due > self._last:
+            return None
         self._next += self._rng.expovariate(self._rate)
         return due
 
@@ -166,7 +173,7 @@ def _arrivals(user_count: int) -> Arrivals | None:
     if share <= 0:
         return None
     seed = f"{SEED}:{LEVEL}:arrivals:{runner.worker_index}"
-    return Arrivals(RATE * share, seed, time.perf_counter())
+    return Arrivals(RATE * share, seed, time.perf_counter(), ARRIVALS_FOR_S)
 
 
 @events.test_start.add_listener
@@ -218,6 +225,8 @@ class CompletionsUser(FastHttpUser):
         if RATE <= 0:
             return None
         due = _state["arrivals"].take()
+        if due is None:
+            raise StopUser()
         delay = due - time.perf_counter()
         if delay > 0:
             gevent.sleep(delay)

@@ -174,7 +174,7 @@ def run_rate(
     users = search.pool_users
     run_s = math.ceil(search.warmup_s + search.window_s(rate)) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, rate=rate,
-                     request_body=request_body)
+                     arrivals_s=search.warmup_s + search.window_s(rate), request_body=request_body)
     stop_timeout_s = math.ceil(profile.request_timeout_s)
     stop_when = _tailing(samples_path, watch) if watch is not None else None
     run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,

@@ -74,3 +74,16 @@ def test_the_watch_counts_only_misses_inside_the_window():
     watch.add([LoadSample(start_s=100, ttft_ms=10, e2e_ms=20, output_tokens=4),
                late.model_copy(update={"start_s": 115})])  # after the window closed
     assert not watch.failed()
+
+
+def test_an_open_loop_probe_sends_nothing_after_its_window(fake_openai, tmp_path):
+    """Users waiting for an arrival past the window stop: the probe does not sleep through
+    Locust's stop timeout offering requests nobody judges."""
+    from load.runner import run_rate
+
+    profile = PROFILE.model_copy(update={"request_timeout_s": 60})
+    samples = run_rate(fake_openai.base_url, "fake-model", profile, 2.0, tmp_path)
+    starts = sorted(s.start_s for s in samples)
+    search = profile.capacity
+    assert len(samples) >= 2
+    assert starts[-1] - starts[0] <= search.warmup_s + search.window_s(2.0) + 0.5
