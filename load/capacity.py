@@ -77,12 +77,13 @@ class MissWatch:
 
 def search_capacity(
     evaluate: Callable[[float], CapacityStep], min_rate: float, max_rate: float, iterations: int,
-    min_passes: bool = False,
+    min_passes: bool = False, ceiling: float | None = None,
 ) -> tuple[float | None, str, list[CapacityStep]]:
     """(capacity or None, how the search ended, every step tried) for a rate -> step judge.
 
     `min_passes`: min_rate is already known to pass (learned from a lighter load), so it is
-    not probed again."""
+    not probed again. `ceiling`: max_rate was only a guess; while it passes, the rate doubles
+    up to the ceiling before the bisection starts."""
     trace: list[CapacityStep] = []
 
     def tried(rate: float) -> CapacityStep:
@@ -92,9 +93,11 @@ def search_capacity(
 
     if not min_passes and not tried(min_rate).passed:
         return None, f"even min_rate {min_rate:g} req/s misses the SLO target", trace
-    if tried(max_rate).passed:
-        return max_rate, f"max_rate {max_rate:g} req/s still meets the target (censored)", trace
     low, high = min_rate, max_rate
+    while tried(high).passed:
+        if ceiling is None or high >= ceiling:
+            return high, f"max_rate {high:.3g} req/s still meets the target (censored)", trace
+        low, high = high, min(ceiling, 2 * high)
     for _ in range(iterations):
         middle = math.sqrt(low * high)
         if tried(middle).passed:
@@ -111,8 +114,9 @@ def bracket_from_levels(
 
     One user at a time is the lightest load the server sees: if it already misses the SLO
     target, no Poisson rate will meet it (the search then tries only the lower end). The high
-    level's throughput is what the server sustains at that concurrency: a Poisson stream faster
-    than ~1.25x it only builds a queue, so that is the upper end; half the low level's rate is
+    level's throughput is what the server sustains at that concurrency: ~1.25x it is the first
+    guess at the upper end (a server far from saturation at high_users sustains more, so the
+    search doubles a passing upper end up to max_rate); half the low level's rate is
     the lower end (Poisson bursts at twice a single stream's spacing). The profile's min_rate
     and max_rate still bound both, so a search is never wider than the profile allows.
     """

@@ -246,7 +246,7 @@ def find_capacity(
                and all(level.goodput is not None and level.goodput >= search.target
                        for level in (low, high)))
     capacity, note, trace = search_capacity(evaluate, lower, upper, search.iterations,
-                                            min_passes=learned)
+                                            min_passes=learned, ceiling=search.max_rate)
     if learned:
         bracket += (f"; {lower:.3g} req/s not probed: both levels met the SLO for "
                     f"{min(low.goodput, high.goodput):.0%} of requests")

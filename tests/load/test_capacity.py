@@ -79,3 +79,14 @@ def test_a_lower_end_known_to_pass_is_not_probed_again():
     found, _, trace = search_capacity(evaluate, 0.5, 8.0, iterations=2, min_passes=True)
     assert 0.5 not in asked and asked[0] == 8.0 and len(trace) == 3
     assert found == pytest.approx(2.0)
+
+
+def test_an_upper_end_that_passes_doubles_up_to_the_ceiling():
+    found, note, trace = search_capacity(threshold_server(3.1), 0.5, 1.0, iterations=2,
+                                         min_passes=True, ceiling=8.0)
+    assert [s.rate for s in trace][:3] == [1.0, 2.0, 4.0]  # then bisects between 2 and 4
+    assert 2.0 <= found <= 3.1 and note.startswith("between ")
+    found, note, trace = search_capacity(threshold_server(30), 0.5, 1.0, iterations=2,
+                                         min_passes=True, ceiling=8.0)
+    assert [s.rate for s in trace] == [1.0, 2.0, 4.0, 8.0] and found == 8.0
+    assert note == "max_rate 8 req/s still meets the target (censored)"

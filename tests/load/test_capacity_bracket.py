@@ -35,7 +35,7 @@ def test_find_capacity_searches_inside_the_levels_bracket(monkeypatch, tmp_path)
 
     asked = {}
 
-    def search(evaluate, lower, upper, iterations, min_passes=False):
+    def search(evaluate, lower, upper, iterations, min_passes=False, ceiling=None):
         asked.update(lower=lower, upper=upper)
         asked["min_passes"] = min_passes
         return upper, "censored", []
