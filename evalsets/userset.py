@@ -365,3 +365,14 @@ A bad row is named by file, line and field (exit 2). Other row field names: set
 
 def _scorer_fields(scorer: dict) -> list[str]:
     return [f"`{value}`" for key, value in scorer.items() if key.endswith("field")] or ["-"]
+
+
+def loglikelihood_model_args(config: dict[str, Any], tokenizer_dir: Path) -> dict[str, Any]:
+    """lm-eval model arguments a log-likelihood task (a `choice` set) needs on the completions
+    endpoint: the client tokenizes with the model's own tokenizer, so lm-eval knows where the
+    context ends (without a tokenizer its `_loglikelihood_tokens` refuses). None needed for
+    generation tasks. For the runner to merge into its completions model's arguments."""
+    if config.get("output_type") not in ("multiple_choice", "loglikelihood"):
+        return {}
+    return {"tokenizer_backend": "huggingface", "tokenizer": str(tokenizer_dir),
+            "tokenized_requests": True}
