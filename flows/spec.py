@@ -14,12 +14,11 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from evalsets.spec import EvalSetSpec
+from evalsets.spec import EvalSetSpec, resolve_path
 from infra.errors import SpecError, did_you_mean
 from infra.secrets import redact, remember, split_api_key
 from infra.yamlfile import load_model
@@ -188,11 +187,8 @@ EngineSpec = Annotated[Annotated[VllmEngineSpec, Tag("vllm")]
                        Discriminator(_engine_kind)]
 
 
-def _resolve(path: Path | None, info: ValidationInfo) -> Path | None:
-    base = (info.context or {}).get("base_dir")
-    if path is None or path.is_absolute() or base is None:
-        return path
-    return (Path(base) / path).resolve()
+# Checkpoints resolve against the spec file as eval-set paths do: one rule for every spec path.
+_resolve = resolve_path
 
 
 class BaselineSpec(Strict):
