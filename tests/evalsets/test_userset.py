@@ -230,3 +230,15 @@ def test_choice_needs_the_completions_endpoint(tmp_path):
         load_spec(write_spec(tmp_path, evalsets=[{"name": "math", "limit": 60}, choice]))
     spec = load_spec(write_spec(tmp_path, evalsets=[choice], chat_template=False))
     assert spec.evalsets[0].path == tmp_path / "q.jsonl"
+
+
+def test_a_dialogue_file_needs_the_chat_template(tmp_path):
+    from evalsets.multiturn import check_chat_template
+
+    turns = [{"role": "user", "content": "I am Ana."}, {"role": "assistant", "content": "Hi Ana."},
+             {"role": "user", "content": "What is my name?"}]
+    spec = user_set(write_jsonl(tmp_path / "t.jsonl", [{"id": 1, "messages": turns,
+                                                        "answer": "Ana"}]))
+    check_chat_template([spec], chat_template=True)
+    with pytest.raises(SpecError, match="'tickets' is multi-turn.*chat_template: false"):
+        check_chat_template([spec], chat_template=False)
