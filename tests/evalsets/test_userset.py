@@ -242,3 +242,18 @@ def test_a_dialogue_file_needs_the_chat_template(tmp_path):
     check_chat_template([spec], chat_template=True)
     with pytest.raises(SpecError, match="'tickets' is multi-turn.*chat_template: false"):
         check_chat_template([spec], chat_template=False)
+
+
+def test_declared_field_names_map_onto_ids_and_prompts(tmp_path):
+    rows = [{"ticket": 7, "question": "Route: double charge", "team": "billing"}]
+    spec = user_set(write_csv(tmp_path / "t.csv", rows), {"kind": "exact", "field": "team"},
+                    prompt_field="question", id_field="ticket")
+    assert validate_sets([spec]) == {"tickets": 1}
+    config = load_task_config(spec)
+    (doc,) = config["custom_dataset"]()["test"]
+    assert doc["id"] == "7" and config["doc_to_text"](doc) == "Route: double charge"
+    assert config["process_results"](doc, ["Billing."]) == {"score": 1.0}
+    assert config["process_results"](doc, ["shipping"]) == {"score": 0.0}
+    with pytest.raises(SpecError, match=r"no field 'prompt' in any row"):
+        validate_sets([user_set(tmp_path / "t.csv", {"kind": "exact", "field": "team"},
+                                id_field="ticket")])
