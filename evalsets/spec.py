@@ -8,6 +8,7 @@ Parquet) with a declared scorer (evalsets/scorers.py, evalsets/userset.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +113,9 @@ class EvalSetSpec(BaseModel):
         if self.name in sets:
             raise ValueError(f"eval set name {self.name!r} is a built-in set; give your set "
                              "another name (it labels its results)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", self.name):
+            raise ValueError(f"eval set name {self.name!r}: letters, digits, '_' and '-' only "
+                             "(it names result folders and MLflow metrics)")
         if self.path.is_dir():
             if not (self.path / TASK_FILE).is_file():
                 raise ValueError(f"path {str(self.path)!r}: a folder needs an lm-eval {TASK_FILE}; "

@@ -336,6 +336,7 @@ def scaffold(folder: Path, kind: str, source: Path | None = None) -> list[Path]:
     else:
         data.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     name = "".join(c if c.isalnum() or c in "_-" else "_" for c in folder.resolve().name.lower())
+    name = name.lstrip("_-") or "own_set"
     name = f"{name}_own" if name in registry() else name
     entry = {"name": name, "path": str(data.resolve()), "scorer": scorer, "limit": 50}
     snippet = folder / "spec-snippet.yaml"

@@ -55,6 +55,7 @@ def test_relative_path_resolves_against_the_spec_folder(tmp_path):
     ({"name": "math", "scorer": {"kind": "exact"}}, "scorer only apply to your own data file"),
     ({"name": "math", "path": "t.jsonl"}, "'math' is a built-in set"),
     ({"name": "mine", "path": "t.jsonl"}, "a data file needs a scorer"),
+    ({"name": "../up", "path": "t.jsonl", "scorer": {"kind": "exact"}}, "letters, digits"),
     ({"name": "mine", "path": "gone.jsonl", "scorer": {"kind": "exact"}}, "does not exist"),
     ({"name": "mine", "path": "t.txt", "scorer": {"kind": "exact"}}, "unsupported data file"),
     ({"name": "mine", "path": ".", "scorer": {"kind": "exact"}}, "a folder needs an lm-eval"),
