@@ -133,7 +133,10 @@ def readable_prompt(info: EvalSetInfo, row: dict[str, Any], field: str | None = 
         return str(row[field])
     messages = row[field]
     messages = json.loads(messages) if isinstance(messages, str) else messages
-    return "\n\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
+    if not isinstance(messages, list):
+        return str(messages)
+    return "\n\n".join(f"{m.get('role')}: {m.get('content')}" if isinstance(m, dict) else str(m)
+                       for m in messages)
 
 
 def contract(info: EvalSetInfo) -> Any:
