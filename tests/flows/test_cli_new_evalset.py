@@ -76,3 +76,17 @@ def test_unknown_scorer_and_used_folder_are_refused(tmp_path):
     (tmp_path / "used" / "keep.txt").write_text("mine")
     result = runner.invoke(app, ["new-evalset", str(tmp_path / "used"), "--scorer", "exact"])
     assert result.exit_code == 2 and "not empty" in result.output
+
+
+def test_validate_names_a_broken_row_of_the_scaffold_in_one_line(tmp_path, avx512):
+    folder = tmp_path / "tickets"
+    assert runner.invoke(app, ["new-evalset", str(folder), "--scorer", "exact"]).exit_code == 0
+    data = folder / "data.jsonl"
+    lines = data.read_text().splitlines()
+    lines[6] = json.dumps(json.loads(lines[6]) | {"prompt": ""})
+    data.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["validate", str(spec_with(tmp_path, folder))],
+                           env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert f"{data}:7: row 7 (id 't006'" in line and "prompt field 'prompt'" in line
