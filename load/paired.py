@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,10 +91,12 @@ def run_paired_load(
         result.summaries[level] = pooled
         result.repeat_summaries[level] = each
     if profile.capacity.enabled:
+        started = time.monotonic()
         capacity, note, trace = find_capacity(stage.base_url, stage.model, profile,
-                                              out_dir / "stage", cores,
+                                              out_dir / "stage", cores, levels=result.summaries,
                                               request_body=stage.request_body)
         result.capacity_rps, result.capacity_note, result.capacity_trace = capacity, note, trace
+        result.capacity_s = round(time.monotonic() - started, 2)
     result.save(out_dir)
     paired.save(out_dir)
     return result, paired

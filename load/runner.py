@@ -130,7 +130,7 @@ def run_level(
         run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, max_requests=budget,
                      request_body=request_body)
-    label = f"{out_dir.parent.name}: load {tag}, {users} user(s)"
+    label = f"{who(out_dir)}: load {tag}, {users} user(s)"
     progress.line(f"{label}: {budget} requests" if budget else
                   f"{label}: {run_s - RUN_MARGIN_S} s")
     started = time.monotonic()
@@ -146,6 +146,14 @@ def run_level(
     progress.line(f"{label}: {len(samples)} requests in {time.monotonic() - started:.0f} s, "
                   f"{latency_note(samples)}")
     return samples
+
+
+def who(out_dir: Path) -> str:
+    """The stage a load folder belongs to, for progress lines: <stage>/load, or
+    <stage>/load/stage and <stage>/load/reference in interleaved rounds."""
+    if out_dir.name in ("stage", "reference") and out_dir.parent.name == "load":
+        return f"{out_dir.parent.parent.name} ({out_dir.name})"
+    return out_dir.parent.name
 
 
 def latency_note(samples: list[LoadSample]) -> str:
@@ -213,7 +221,7 @@ def find_capacity(
     if profile.slo is None:  # the profile validator refuses this; kept for direct callers
         raise MeasurementError("a capacity search needs an SLO in the profile")
 
-    label = f"{out_dir.parent.name}: capacity"
+    label = f"{who(out_dir)}: capacity"
 
     def evaluate(rate: float) -> CapacityStep:
         window_s = search.window_s(rate)

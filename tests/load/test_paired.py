@@ -84,3 +84,34 @@ def test_two_servers_are_timed_in_interleaved_rounds(tmp_path):
     assert LoadResult.read(tmp_path) == result and PairedLoad.read(tmp_path) == paired
     # Where Locust ran against the engines is stored with the stage's result.
     assert result.cores_shared and result.client_cores == result.engine_cores == "0-1"
+
+
+def test_the_stage_capacity_search_starts_from_its_pooled_levels(tmp_path, monkeypatch):
+    from load import paired as paired_module
+
+    asked = {}
+
+    def find_capacity(base_url, model, profile, out_dir, cores, levels=None, request_body=None):
+        asked.update(levels=levels, out_dir=out_dir)
+        return 2.0, "between", []
+
+    monkeypatch.setattr(paired_module, "find_capacity", find_capacity)
+    profile = LoadProfile.model_validate(PROFILE.model_dump() | {
+        "slo": {"ttft_ms": 5000, "tpot_ms": 1000},
+        "capacity": {"enabled": True, "min_rate": 0.1, "max_rate": 8}})
+    with FakeOpenAI() as reference, FakeOpenAI(model="stage-model") as stage:
+        result, _ = run_paired_load(Server(stage.base_url, "stage-model"),
+                                    Server(reference.base_url, "fake-model"), "baseline", profile,
+                                    tmp_path / "w8" / "load")
+    assert asked["levels"] == result.summaries and set(asked["levels"]) == {"low", "high"}
+    assert asked["out_dir"] == tmp_path / "w8" / "load" / "stage"
+    assert result.capacity_rps == 2.0 and result.capacity_s is not None
+
+
+def test_progress_lines_name_the_stage_and_the_side():
+    from pathlib import Path
+
+    from load.runner import who
+
+    assert who(Path("runs/r/w8/load")) == "w8"
+    assert who(Path("runs/r/w8/load/reference")) == "w8 (reference)"
