@@ -19,7 +19,12 @@ from pathlib import Path
 from gates.decide import load_records
 from gates.whatif import workload_from_profile
 from gates.whatif.records import run_workload
-from gates.whatif.section import CPU_SETTINGS, REPORT_SETTINGS, whatif_section
+from gates.whatif.section import (
+    CPU_SETTINGS,
+    REPORT_SETTINGS,
+    describe_workload,
+    whatif_section,
+)
 from load.profile import load_profile, profile_path
 
 
@@ -42,7 +47,7 @@ def main() -> None:
     section = whatif_section(records, workload, origin, gpus=(),
                              cpu_settings=REPORT_SETTINGS if args.quick else CPU_SETTINGS)
     print(f"Prediction vs measurement on this CPU — {args.run_dir}")
-    print(f"Workload: {section.workload} ({origin})")
+    print(f"Workload: {describe_workload(workload)} ({origin})")
     print(f"Device: {section.cpu_device}; {section.cpu_source}")
     if not section.cpu_rows:
         print(f"No comparison: {section.cpu_note}")
