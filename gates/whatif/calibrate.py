@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import brentq
 
 from gates.whatif.hardware import Device, Efficiency
-from gates.whatif.scheduler import SchedulerConfig
+from gates.whatif.scheduler import SchedulerConfig, simulate
 from gates.whatif.search import Workload, low_load
 from gates.whatif.shape import ModelShape, StageFormat
 from gates.whatif.steptime import Roofline
@@ -33,6 +34,10 @@ class Baseline(BaseModel):
     output_tokens: int = Field(gt=1)
     ttft_ms: float = Field(gt=0, description="Low-load (one request at a time) TTFT.")
     tpot_ms: float = Field(gt=0, description="Low-load TPOT.")
+    busy_users: int | None = Field(default=None, gt=1, description="Concurrency of a second, "
+                                   "busier measurement (the load profile's high level).")
+    busy_tpot_ms: float | None = Field(default=None, gt=0, description="Its TPOT (p50): fits "
+                                       "the per-sequence cost of a step.")
 
     @classmethod
     def from_throughput(
@@ -59,6 +64,32 @@ def _low_load(shape: ModelShape, fmt: StageFormat, device: Device, scheduler: Sc
               baseline: Baseline) -> tuple[float, float]:
     workload = Workload(prompt_tokens=baseline.prompt_tokens, output_tokens=baseline.output_tokens)
     return low_load(Roofline(shape, fmt, device), scheduler, workload)
+
+
+def _busy_tpot(shape: ModelShape, fmt: StageFormat, device: Device, scheduler: SchedulerConfig,
+               baseline: Baseline) -> float:
+    """Median TPOT of `busy_users` requests that arrive together and decode side by side."""
+    users = int(baseline.busy_users or 1)
+    result = simulate(Roofline(shape, fmt, device), scheduler, np.zeros(users),
+                      baseline.prompt_tokens, baseline.output_tokens,
+                      measured=np.ones(users, dtype=bool))
+    return float(np.median(result.tpot_ms))
+
+
+def _solve_sequence(shape: ModelShape, fmt: StageFormat, device: Device,
+                    scheduler: SchedulerConfig, baseline: Baseline) -> float:
+    """The per-sequence ms at which the busy level's TPOT is matched (0 when the roofline
+    alone is already as slow: batching costs nothing extra on this device)."""
+    def gap(value: float) -> float:
+        return _busy_tpot(shape, fmt, _with(device, sequence_ms=value), scheduler,
+                          baseline) - float(baseline.busy_tpot_ms or 0)
+
+    if gap(0.0) >= 0:
+        return 0.0
+    top = float(baseline.busy_tpot_ms or 1.0)
+    if gap(top) < 0:
+        return top
+    return float(brentq(gap, 0.0, top, xtol=1e-6))
 
 
 def _solve(
@@ -88,7 +119,8 @@ def calibrate(
     scheduler: SchedulerConfig | None = None,
     rounds: int = 30,
 ) -> Device:
-    """`device` with compute and memory efficiency fitted to the baseline's TTFT and TPOT.
+    """`device` with compute and memory efficiency fitted to the baseline's TTFT and TPOT, and,
+    with a busy measurement, the per-sequence step cost fitted to its TPOT (a third knob).
 
     The step overhead and memory reserve stay as the caller set them. Raises when the
     measurement cannot be matched (faster than peak, or slower than the other knob alone).
@@ -111,8 +143,12 @@ def calibrate(
         before = fitted.efficiency
         fitted = _with(fitted, compute=_solve(ttft(fitted), baseline.ttft_ms, "compute", fitted))
         fitted = _with(fitted, memory=_solve(tpot(fitted), baseline.tpot_ms, "memory", fitted))
+        if baseline.busy_users and baseline.busy_tpot_ms:
+            fitted = _with(fitted, sequence_ms=_solve_sequence(shape, fmt, fitted, scheduler,
+                                                               baseline))
         after = fitted.efficiency
-        if abs(after.compute - before.compute) < 1e-6 and abs(after.memory - before.memory) < 1e-6:
+        if (abs(after.compute - before.compute) < 1e-6 and abs(after.memory - before.memory) < 1e-6
+                and abs(after.sequence_ms - before.sequence_ms) < 1e-6):
             break
     return fitted
 

@@ -22,14 +22,18 @@ class Efficiency(BaseModel):
     compute: float = Field(gt=0, le=1, description="Share of peak FLOPS reached end to end.")
     memory: float = Field(gt=0, le=1, description="Share of peak memory bandwidth reached.")
     step_overhead_ms: float = Field(ge=0, description="Fixed time per engine step.")
+    sequence_ms: float = Field(
+        default=0.0, ge=0, description="Time per sequence sampled in a step, beyond the roofline "
+        "(sampling, per-request bookkeeping, CPU attention kernels): fitted on a CPU, 0 for GPUs.")
     reserved_memory_gib: float = Field(
         ge=0, description="Device memory held besides weights and the KV pool."
     )
 
     def describe(self) -> str:
+        per_sequence = f", {self.sequence_ms:.3g} ms per sequence" if self.sequence_ms else ""
         return (
             f"compute {self.compute:.3g} of peak, memory {self.memory:.3g} of bandwidth, "
-            f"{self.step_overhead_ms:g} ms per step"
+            f"{self.step_overhead_ms:g} ms per step{per_sequence}"
         )
 
 

@@ -67,6 +67,14 @@ def low_load_measured(record: StageRecord) -> tuple[float, float] | None:
     return summary.ttft_p50_ms, summary.tpot_p50_ms
 
 
+def busy_measured(record: StageRecord) -> tuple[int, float] | None:
+    """(users, TPOT p50 ms) of the high level; None when it was not measured with >1 user."""
+    summary = record.load.summaries.get("high") if record.load else None
+    if summary is None or summary.users < 2 or not summary.tpot_p50_ms:
+        return None
+    return summary.users, summary.tpot_p50_ms
+
+
 def spec_workload(spec: Path, profile: str) -> tuple[Workload, str]:
     """The workload of the load profile a spec names (a relative YAML path is relative to the
     spec, as the acceptance flow reads it)."""

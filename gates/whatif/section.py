@@ -19,7 +19,7 @@ from gates.whatif import predict_stage
 from gates.whatif.calibrate import Baseline, calibrate
 from gates.whatif.cpu import cpu_device
 from gates.whatif.hardware import Device, device
-from gates.whatif.records import kv_cache_gib, low_load_measured, stage_shape
+from gates.whatif.records import busy_measured, kv_cache_gib, low_load_measured, stage_shape
 from gates.whatif.scheduler import SchedulerConfig
 from gates.whatif.search import SimSettings, Workload, capacity, low_load
 from gates.whatif.shape import ModelShape, stage_format
@@ -160,16 +160,20 @@ def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workloa
         section.cpu_note = f"not made: this machine's CPU cannot be described ({err})"
         return
     section.cpu_device, section.cpu_source = described.name, described.source
+    busy = busy_measured(baseline)
     try:
         fitted = calibrate(described, shape, stage_format(baseline.axes, shape),
                            Baseline(prompt_tokens=workload.prompt_tokens,
                                     output_tokens=workload.output_tokens,
-                                    ttft_ms=measured[0], tpot_ms=measured[1]), scheduler)
+                                    ttft_ms=measured[0], tpot_ms=measured[1],
+                                    busy_users=busy[0] if busy else None,
+                                    busy_tpot_ms=busy[1] if busy else None), scheduler)
     except QuantgateError as err:
         section.cpu_note = f"not made: calibration failed: {err}"
         return
+    also = f" and TPOT {busy[1]:.2f} ms with {busy[0]} users" if busy else ""
     section.cpu_knobs = (f"{fitted.efficiency.describe()} (fitted to {baseline.name}'s low-load "
-                         f"TTFT {measured[0]:.1f} ms and TPOT {measured[1]:.2f} ms)")
+                         f"TTFT {measured[0]:.1f} ms and TPOT {measured[1]:.2f} ms{also})")
     section.cpu_settings = _describe_settings(settings)
     done: dict[str, tuple[float, float, float | None]] = {}  # stages that serve alike: once
     for record in records:

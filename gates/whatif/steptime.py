@@ -17,7 +17,8 @@ class Roofline:
     LM head over the rows that sample and attention over each sequence's cached context (both
     bf16), and streams the weights once plus every scheduled sequence's KV. It takes
     max(FLOPs / (peak x compute efficiency), bytes / (bandwidth x memory efficiency)) plus a fixed
-    overhead. Activation traffic is left out: it is small next to weights and KV.
+    overhead per step and one per sampled sequence. Activation traffic is left out: it is small
+    next to weights and KV.
     """
 
     def __init__(self, shape: ModelShape, fmt: StageFormat, device: Device) -> None:
@@ -33,6 +34,7 @@ class Roofline:
         self._weights_s = fmt.weight_bytes(shape) / bandwidth
         self._kv_token_s = fmt.kv_bytes_per_token(shape) / bandwidth
         self._overhead_s = eff.step_overhead_ms / 1e3
+        self._sequence_s = eff.sequence_ms / 1e3
 
     @property
     def matmul_dtype(self) -> str:
@@ -55,4 +57,4 @@ class Roofline:
             + attention_flops * self._attention_flop_s
         )
         memory = self._weights_s + kv_tokens_read * self._kv_token_s
-        return np.maximum(compute, memory) + self._overhead_s
+        return np.maximum(compute, memory) + self._overhead_s + logit_rows * self._sequence_s

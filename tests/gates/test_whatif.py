@@ -199,6 +199,31 @@ def test_calibration_recovers_the_knobs_and_predicts_other_stages():
     assert table.loc[0, "capacity_rps"] > 0 and table.loc[0, "gpu"] == "cpu"
 
 
+def test_a_busy_measurement_fits_the_per_sequence_cost_too():
+    import numpy as np
+
+    from gates.whatif.scheduler import simulate
+
+    true = TRUE.model_copy(update={"efficiency": TRUE.efficiency.model_copy(
+        update={"sequence_ms": 1.5})})
+    ttft, tpot = low_load(Roofline(SMOLLM2, stage_format(BF16, SMOLLM2), true), CPU_SCHEDULER,
+                          SMALL)
+    busy = simulate(Roofline(SMOLLM2, stage_format(BF16, SMOLLM2), true), CPU_SCHEDULER,
+                    np.zeros(4), 256, 32, measured=np.ones(4, dtype=bool))
+    baseline = Baseline(prompt_tokens=256, output_tokens=32, ttft_ms=ttft, tpot_ms=tpot,
+                        busy_users=4, busy_tpot_ms=float(np.median(busy.tpot_ms)))
+    fitted = calibrate(CPU, SMOLLM2, stage_format(BF16, SMOLLM2), baseline, CPU_SCHEDULER)
+    assert fitted.efficiency.sequence_ms == pytest.approx(1.5, rel=1e-3)
+    assert fitted.efficiency.compute == pytest.approx(0.3, rel=1e-3)
+    assert fitted.efficiency.memory == pytest.approx(0.6, rel=1e-3)
+    assert "1.5 ms per sequence" in fitted.efficiency.describe()
+    # Without the busy level the same low-load figures read as a slower memory instead.
+    two_knobs = calibrate(CPU, SMOLLM2, stage_format(BF16, SMOLLM2),
+                          baseline.model_copy(update={"busy_users": None, "busy_tpot_ms": None}),
+                          CPU_SCHEDULER)
+    assert two_knobs.efficiency.sequence_ms == 0 and two_knobs.efficiency.memory < 0.6
+
+
 def test_calibration_from_throughput_matches_latency_form():
     latency = Baseline(prompt_tokens=256, output_tokens=32, ttft_ms=200.0, tpot_ms=25.0)
     throughput = Baseline.from_throughput(256, 32, prefill_tokens_per_s=1280, decode_tokens_per_s=40)
