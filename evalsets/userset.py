@@ -23,6 +23,7 @@ LINE = "__line"
 MESSAGES = "messages"
 DEFAULT_PROMPT = "prompt"
 DEFAULT_MAX_GEN_TOKS = 256
+CHOICE_TOKENS = 32
 # The stop strings of the built-in sets (ChatML and end of text).
 STOP = ["<|im_end|>", "<|endoftext|>"]
 
@@ -173,8 +174,9 @@ def task_yaml(info: EvalSetInfo) -> dict[str, Any]:
         "dataset_kwargs": {"data_files": {"test": str(info.data_file)}},
         "test_split": "test",
         "output_type": "multiple_choice" if choice else "generate_until",
+        # A choice set generates nothing: its budget bounds a choice's tokens for the fit check.
         "generation_kwargs": {"until": list(STOP), "do_sample": False, "temperature": 0.0,
-                              "max_gen_toks": DEFAULT_MAX_GEN_TOKS},
+                              "max_gen_toks": CHOICE_TOKENS if choice else DEFAULT_MAX_GEN_TOKS},
         "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True}],
         "metadata": {"version": 1.0, "primary_metric": metric, "multiturn": is_dialogue(info),
                      "scorer": info.scorer.kind},
