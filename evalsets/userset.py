@@ -193,8 +193,18 @@ def _documents(info: EvalSetInfo) -> Any:
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
+def _no_metadata_hint(record: Any) -> bool:
+    """lm-eval suggests `--metadata` for every custom dataset; quantgate has no such option."""
+    return "Custom kwargs can be passed to `--metadata`" not in str(record.msg)
+
+
 def task_config(info: EvalSetInfo) -> dict[str, Any]:
     """The lm-eval task config of a user data file, built in memory."""
+    import logging
+
+    task_log = logging.getLogger("lm_eval.api.task")
+    if _no_metadata_hint not in task_log.filters:
+        task_log.addFilter(_no_metadata_hint)
     config = task_yaml(info)
     field, scorer = prompt_field(info), info.scorer
 
