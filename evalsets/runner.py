@@ -285,13 +285,15 @@ def run_evalset(
     start: int = 0,
     on_items: Callable[[int], None] | None = None,
     structured_output: bool = False,
+    tokenizer_dir: Path | None = None,
 ) -> TaskQuality:
     """One eval set through lm-eval; raw results in `out_dir/<set>/`.
 
     With `start`, items [start, start + limit) of the set: a later batch of the adaptive
     sample size (raw results then in `out_dir/<set>-from<start>/`). With `structured_output`,
     every item that declares a JSON Schema is asked for with it as `response_format` (the
-    engine's guided decoding); the others are asked as usual."""
+    engine's guided decoding); the others are asked as usual. A log-likelihood set (a user
+    `choice` set) needs `tokenizer_dir`: lm-eval then tokenizes with the model's own tokenizer."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -309,6 +311,11 @@ def run_evalset(
     root = base_url.rstrip("/")
     # Chat: the server applies the model's own chat template, so no tokenizer is needed here.
     endpoint = "/v1/chat/completions" if apply_chat_template else "/v1/completions"
+    tokenizing = {"tokenizer_backend": None, "tokenized_requests": False}
+    if tokenizer_dir is not None:
+        from evalsets.userset import loglikelihood_model_args
+
+        tokenizing |= loglikelihood_model_args(config, tokenizer_dir)
     try:
         lm = recording_model(
             apply_chat_template,
@@ -319,8 +326,7 @@ def run_evalset(
             num_concurrent=num_concurrent,
             max_retries=3,
             timeout=timeout_s,
-            tokenizer_backend=None,
-            tokenized_requests=False,
+            **tokenizing,
         )
         results = lm_eval.simple_evaluate(
             model=lm,
@@ -424,7 +430,8 @@ def run_quality(
         with progress.task(f"{out_dir.parent.name}: {spec.name}", spec.limit) as advance:
             task = run_evalset(base_url, model, spec, out_dir, count_tokens, apply_chat_template,
                                num_concurrent, on_items=advance,
-                               structured_output=structured_output)
+                               structured_output=structured_output,
+                               tokenizer_dir=tokenizer_dir)
         task.seconds = round(time.monotonic() - started, 2)
         result.tasks[spec.name] = task
     started = time.monotonic()

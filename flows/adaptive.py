@@ -40,7 +40,7 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
     batch = spec.model_copy(update={"limit": stop - start})
     task = run_evalset(facts.base_url, facts.model, batch, out_dir, token_counter(tokenizer_dir),
                        chat_template, num_concurrent, start=start,
-                       structured_output=structured_output)
+                       structured_output=structured_output, tokenizer_dir=tokenizer_dir)
     return task.items
 
 

@@ -88,12 +88,8 @@ def test_choice_scores_by_log_likelihood_when_the_model_tokenizes(tmp_path, serv
     spec, tokenizer = choice_set(tmp_path), tokenizer_dir(tmp_path / "tok")
     extra = loglikelihood_model_args(runner.load_task_config(spec), tokenizer)
     assert extra["tokenized_requests"] is True
-    built = runner.recording_model
-    # The wiring the runner needs: its completions model takes these arguments for this set.
-    monkeypatch.setattr(runner, "recording_model",
-                        lambda *positional, **args: built(*positional, **(args | extra)))
     task = runner.run_evalset(server, "m", spec, tmp_path / "out", None,
-                              apply_chat_template=False, num_concurrent=1)
+                              apply_chat_template=False, num_concurrent=1, tokenizer_dir=tokenizer)
     assert task.metric == "acc"
     assert {item.id: item.score for item in task.items} == {"lost": 1.0, "double": 0.0}
 

@@ -54,7 +54,8 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
                 quality=answers("math", [truth(i) for i in range(40)])).save(results / "baseline")
     scored: list[tuple[str, int, int]] = []
 
-    def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent):
+    def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent,
+                   structured_output=False):
         scored.append((facts.model, start, stop))
         return answers("math", [truth(i) for i in range(stop)]).tasks["math"].items[start:]
 
