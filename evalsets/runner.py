@@ -436,8 +436,10 @@ def run_quality(
         result.tasks[spec.name] = task
     started = time.monotonic()
     if with_perplexity:
-        prepare_corpus(out_dir, baseline_dir, tokenizer_dir, [s.name for s in sets],
-                       apply_chat_template, max_model_len)
+        # A choice set's logged "response" is a log-likelihood, not text to score.
+        generated = [s.name for s in sets if getattr(s.scorer, "kind", None) != "choice"]
+        prepare_corpus(out_dir, baseline_dir, tokenizer_dir, generated, apply_chat_template,
+                       max_model_len)
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
         if baseline_dir is not None:
             try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from evalsets.multiturn import expand_messages
 from infra.errors import MeasurementError
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def _messages(argument: object) -> list[dict] | str:
     except ValueError:
         return text
     if isinstance(chat, list) and all(isinstance(m, dict) and "role" in m for m in chat):
-        return chat
+        return expand_messages(chat)  # an encoded dialogue: the turns the server saw
     return text
 
 

@@ -98,3 +98,17 @@ def test_server_receives_each_dialogue_as_its_turns(tmp_path):
     # conv-0002 asks for 12 + 3: the fixed answer "15" is right there and wrong elsewhere.
     assert {item.id: item.score for item in task.items} == {
         "conv-0000": 0.0, "conv-0001": 0.0, "conv-0002": 1.0}
+
+
+def test_the_scoring_corpus_reads_a_logged_dialogue_as_its_turns():
+    import json
+
+    from evalsets.multiturn import encode_dialogue
+    from evalsets.token_corpus import _messages
+
+    turns = [{"role": "user", "content": "My order is 4471."},
+             {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": "What is my order number?"}]
+    logged = json.dumps([{"role": "user", "content": encode_dialogue(turns)}])
+    assert _messages(logged) == turns
+    assert _messages("plain text") == "plain text"
