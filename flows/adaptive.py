@@ -10,7 +10,6 @@ splits its alpha over those looks, so looking again cannot buy a false go.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ from gates.accuracy import more_items
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from infra.engine import EngineFacts
+from infra.progress import progress
 
-log = logging.getLogger(__name__)
 
 def _extend(task: TaskQuality, items: list[QualityItem]) -> None:
     known = {item.id for item in task.items}
@@ -38,9 +37,12 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
            tokenizer_dir: Path, chat_template: bool, num_concurrent: int,
            structured_output: bool = False) -> list[QualityItem]:
     batch = spec.model_copy(update={"limit": stop - start})
-    task = run_evalset(facts.base_url, facts.model, batch, out_dir, token_counter(tokenizer_dir),
-                       chat_template, num_concurrent, start=start,
-                       structured_output=structured_output, tokenizer_dir=tokenizer_dir)
+    label = f"{out_dir.parent.name}: {spec.name} items {start + 1}-{stop}"
+    with progress.task(label, stop - start) as advance:
+        task = run_evalset(facts.base_url, facts.model, batch, out_dir,
+                           token_counter(tokenizer_dir), chat_template, num_concurrent,
+                           start=start, on_items=advance, structured_output=structured_output,
+                           tokenizer_dir=tokenizer_dir)
     return task.items
 
 
@@ -66,8 +68,9 @@ def grow_until_decided(
             if sizes is None:
                 break
             quality.looks += 1
-            log.info("stage %s: accuracy inconclusive, look %d with %s", stage.name, quality.looks,
-                     ", ".join(f"{name} {n} items" for name, n in sizes.items()))
+            # Not decided yet (accuracy or length): more items on the stage and the baseline.
+            progress.line(f"stage {stage.name}: not decided yet, look {quality.looks} with "
+                          + ", ".join(f"{name} {n} items" for name, n in sizes.items()))
             for name, wanted in sizes.items():
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
                 if wanted > len(base_task.items):

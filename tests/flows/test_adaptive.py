@@ -6,6 +6,7 @@ import contextlib
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.runner import _slice
+from evalsets.spec import EvalSetSpec
 from flows import adaptive
 from flows.plan import plan
 from flows.spec import load_spec
@@ -88,3 +89,24 @@ def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches()
     assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) == {"math": 150}
     parent.tasks["math"].items = parent.tasks["math"].items[:120]
     assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) is None
+
+
+def test_more_items_show_their_progress(tmp_path, monkeypatch):
+    from flows import adaptive
+    from infra.progress import progress
+
+    lines: list[str] = []
+    monkeypatch.setattr(progress, "terminal", False)
+    monkeypatch.setattr(progress, "write", lines.append)
+
+    def fake_run(base_url, model, batch, out_dir, count, template, concurrent, start, on_items,
+                 structured_output, tokenizer_dir):
+        on_items(batch.limit)
+        return type("Task", (), {"items": []})()
+
+    monkeypatch.setattr(adaptive, "run_evalset", fake_run)
+    monkeypatch.setattr(adaptive, "token_counter", lambda folder: len)
+    facts = type("Facts", (), {"base_url": "http://x", "model": "m"})()
+    adaptive._score(facts, EvalSetSpec(name="math", limit=60), 60, 240,
+                    tmp_path / "w8" / "quality", tmp_path, True, 4)
+    assert lines == ["w8: math items 61-240: 0/180 items", "w8: math items 61-240: 180/180 items in 0s"]
