@@ -35,6 +35,7 @@ from gates.comparability import (
     tokenizer_hash,
 )
 from gates.decide import decide
+from gates.divergence import divergence_checks, perplexity_checks
 from gates.policy import GatePolicy, load_policy, precision_class, save_run_policy
 from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
@@ -126,10 +127,29 @@ def measure_quality(
     )
     if stage.parent is None or prepared is None:
         return quality
+    decided = failed_for_good(stage, quality, folder.parent, prepared)
+    if decided:
+        progress.line(f"stage {stage.name}: already fails {', '.join(decided)}, which more items "
+                      "cannot change: no adaptive looks")
+        return quality
     # Inconclusive accuracy is not a dead end: score more items while the set has them.
     with timed(clock if clock is not None else {}, "more_items"):
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
                                   prepared.policy, prepared.pools, settings.num_concurrent)
+
+
+def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,
+                    prepared: Prepared) -> list[str]:
+    """Rules the stage already fails outright (not inconclusive) on what more eval items cannot
+    change (divergence and perplexity are measured on the scoring corpus): its verdict is a
+    rollback whatever the accuracy says, so looking again would only spend engine time."""
+    parent = StageRecord.read(results_dir / stage.parent)
+    baseline = StageRecord.read(results_dir / prepared.stages[0].name)
+    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
+                       axes=stage.axes.model_dump(exclude={"emulated"}))
+    checks = (divergence_checks(mine, prepared.policy)
+              + perplexity_checks(mine, parent, baseline, prepared.policy))
+    return [c.rule for c in checks if c.applicable and not c.passed and c.status == "fail"]
 
 
 @contextlib.contextmanager

@@ -110,3 +110,23 @@ def test_more_items_show_their_progress(tmp_path, monkeypatch):
     adaptive._score(facts, EvalSetSpec(name="math", limit=60), 60, 240,
                     tmp_path / "w8" / "quality", tmp_path, True, 4)
     assert lines == ["w8: math items 61-240: 0/180 items", "w8: math items 61-240: 180/180 items in 0s"]
+
+
+def test_a_stage_that_already_fails_for_good_gets_no_more_looks(tmp_path):
+    from types import SimpleNamespace
+
+    from flows.acceptance import failed_for_good
+    from gates.policy import load_policy
+    from tests.gates.records import record
+
+    scores = [1.0, 0.0] * 30
+    base = record("baseline", None, scores)
+    base.save(tmp_path / "baseline")
+    prepared = SimpleNamespace(stages=[SimpleNamespace(name="baseline")],
+                               policy=load_policy("default"))
+    axes = SimpleNamespace(model_dump=lambda **_: dict(base.axes))
+    stage = SimpleNamespace(name="w4", kind="weights", parent="baseline", axes=axes)
+    for kl, perplexity, expected in ((0.002, 10.0, []), (0.9, 10.0, ["divergence.kl"]),
+                                     (0.002, 14.0, ["perplexity.parent"])):
+        bad = record("w4", "baseline", scores, kl=kl, perplexity=perplexity)
+        assert failed_for_good(stage, bad.quality, tmp_path, prepared) == expected
