@@ -110,7 +110,9 @@ def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
     return plans
 
 
-@task(name="quality", cache_policy=NO_CACHE)
+# Prints are not logged here: dill (under datasets' fingerprints) captures stdout to read a
+# disassembly, which print-logging would spill into the run log. Progress goes to the log itself.
+@task(name="quality", cache_policy=NO_CACHE, log_prints=False)
 def measure_quality(
     facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings,
     prepared: Prepared | None = None, clock: dict[str, float] | None = None,

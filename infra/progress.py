@@ -73,6 +73,21 @@ class _Plain:
                    f"{_duration(time.monotonic() - self.started)}")
 
 
+def _to_run_log(text: str) -> None:
+    """Inside a Prefect flow or task: its run log (the service's UI shows it, whether or not the
+    task logs prints); elsewhere, stdout."""
+    try:
+        from prefect.exceptions import MissingContextError
+        from prefect.logging import get_run_logger
+    except ImportError:
+        print(text, flush=True)
+        return
+    try:
+        get_run_logger().info(text)
+    except MissingContextError:
+        print(text, flush=True)
+
+
 class Reporter:
     """One per process; `task` is safe to use from several threads."""
 
@@ -80,7 +95,7 @@ class Reporter:
                  write: Callable[[str], None] | None = None) -> None:
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
         self.interval_s = interval_s
-        self.write = write or (lambda text: print(text, flush=True))
+        self.write = write or _to_run_log
         self._bars: Progress | None = None
         self._open = 0
         self._lock = threading.Lock()

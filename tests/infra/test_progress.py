@@ -33,3 +33,35 @@ def test_a_terminal_bar_leaves_one_summary_line(capsys):
     with reporter.task("w8: code", 3) as advance:
         advance(3)
     assert "w8: code: 3/3 items in" in capsys.readouterr().err
+
+
+def test_progress_lines_go_to_the_prefect_run_log_inside_a_task(capsys):
+    import logging
+
+    from prefect import flow, task
+
+    from infra.progress import Reporter
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    @task(log_prints=False)
+    def quiet() -> None:
+        Reporter(terminal=False).line("inside the task")
+
+    @flow
+    def acceptance() -> None:
+        quiet()
+
+    handler = Keep()
+    logging.getLogger("prefect.task_runs").addHandler(handler)
+    try:
+        acceptance()
+    finally:
+        logging.getLogger("prefect.task_runs").removeHandler(handler)
+    assert "inside the task" in seen
+    Reporter(terminal=False).line("outside any run")
+    assert "outside any run" in capsys.readouterr().out
