@@ -78,6 +78,9 @@ def test_the_verdict_and_the_report_judge_it(run):
     # The baseline served again answers the user's items alike: its set's rule passes, it goes.
     assert checks["quality.orders"]["passed"], checks["quality.orders"]["reason"]
     assert checks["comparability"]["passed"], checks["comparability"]["reason"]
-    assert result.returncode == 0 and verdict["decision"] == "go", result.stderr[-2000:]
+    assert control["passed"], [c["reason"] for c in control["checks"] if not c["passed"]]
+    # A control alone is no candidate: nothing to ship, so the run's verdict is a rollback.
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert verdict["reasons"] == ["no candidate stage was measured"]
     (report,) = (folder / "reports").glob("*/report.md")
     assert "orders" in report.read_text()
