@@ -182,6 +182,7 @@ def gate(
                 workload, origin = run_workload(results_dir)
             except QuantgateError:
                 workload, origin = None, ""
+            _read_run_spec(results_dir)
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
                                    workload=workload, workload_source=origin)
         except OSError as err:
@@ -189,6 +190,20 @@ def gate(
                  "writable folder")
         console.print(f"report: {escape(str(written['html']))}", highlight=False)
     raise typer.Exit(verdict.exit_code)
+
+
+def _read_run_spec(results_dir: Path) -> None:
+    """Read the run's spec again where it still is, so that the report finds its user eval sets
+    by name (their flipped items show the user's prompts); without it they show hashes."""
+    from flows.spec import load_spec
+    from gates.record import RunManifest
+
+    try:
+        spec_path = RunManifest.read(results_dir).spec_path
+        if spec_path:
+            load_spec(Path(spec_path))
+    except (QuantgateError, OSError):
+        pass  # a spec moved or changed since: the report still has every number
 
 
 def _whatif_inputs(source: Path, profile: str | None):
