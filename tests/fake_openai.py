@@ -41,6 +41,11 @@ class FakeOpenAI:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
+    @staticmethod
+    def handler() -> type:
+        """The request handler class; a subclass of the fake may answer more routes."""
+        return _Handler
+
     @property
     def base_url(self) -> str:
         assert self._server is not None, "server not started"
@@ -50,7 +55,7 @@ class FakeOpenAI:
     def start(self) -> FakeOpenAI:
         fake = self
 
-        class Handler(_Handler):
+        class Handler(self.handler()):
             server_state = fake
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from tests.fake_openai import FakeOpenAI, _Handler
@@ -16,17 +14,9 @@ class FakeChat(FakeOpenAI):
         super().__init__(**kwargs)
         self.answer = answer
 
-    def start(self) -> FakeChat:
-        fake = self
-
-        class Handler(_ChatHandler):
-            server_state = fake
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
+    @staticmethod
+    def handler() -> type:
+        return _ChatHandler
 
 
 class _ChatHandler(_Handler):
