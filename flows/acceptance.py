@@ -369,6 +369,8 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
                        prepared.policy.model_dump(mode="json"))
     keys = {name: digest(p) for name, p in parts.items()}
     records: dict[str, StageRecord] = {}
+    # The stage the verdict judges as the candidate (gates.decide): the last one not a control.
+    candidate = next((s for s in reversed(prepared.stages[1:]) if s.kind != "control"), None)
     reused: set[str] = set()
     for stage in prepared.stages:
         folder = results_dir / stage.name
@@ -406,7 +408,7 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
             records[first] = StageRecord.read(results_dir / first)  # grown by adaptive looks
         progress.line(stage_summary(record, list(records.values()), prepared.policy,
                                     time.monotonic() - started,
-                                    final=stage is prepared.stages[-1]))
+                                    final=stage is candidate))
     baseline = prepared.stages[0].name
     if records[baseline].error is None:  # later stages may have scored more baseline items
         cache.store(keys[baseline], parts[baseline], results_dir / baseline)
