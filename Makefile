@@ -58,9 +58,12 @@ formats: models
 system-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# Unit tests in 2 processes (most wait on fake servers and subprocesses); the end-to-end tests one
+# at a time, since each serves real engines on the same cores and they share one stage cache.
 test: system-deps models
 	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tests
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2
+	$(VENV)/bin/python -m pytest -q -m e2e
 
 clean:
 	rm -rf $(VENV) $(LC_VENV) $(MODELS) runs reports mlruns mlflow.db .quantgate

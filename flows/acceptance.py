@@ -19,7 +19,7 @@ from evalsets.runner import load_task_config, run_quality
 from evalsets.structured import check_schema_items
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
-from flows.engines import REFERENCE_PORT_OFFSET, engine_beside
+from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
 from flows.plan import Stage, plan, searches_capacity
 from flows.service import host_limit
 from flows.settings import Settings
@@ -116,6 +116,7 @@ def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
 def measure_quality(
     facts: EngineFacts, stage: Stage, spec: Spec, folder: Path, settings: Settings,
     prepared: Prepared | None = None, clock: dict[str, float] | None = None,
+    kept: KeptEngines | None = None,
 ) -> QualityResult:
     # Divergence and perplexity pair this stage's corpus logprobs with the baseline's and the
     # parent's, stored beside it.
@@ -137,7 +138,7 @@ def measure_quality(
     # Inconclusive accuracy is not a dead end: score more items while the set has them.
     with timed(clock if clock is not None else {}, "more_items"):
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
-                                  prepared.policy, prepared.pools, settings.num_concurrent)
+                                  prepared.policy, prepared.pools, settings.num_concurrent, kept)
 
 
 def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,
@@ -217,13 +218,14 @@ def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path,
 def measure_paired_load(
     facts: EngineFacts, reference_facts: EngineFacts, reference: Stage, profile: LoadProfile,
     folder: Path, cores: CorePlan | None = None, request_body: dict | None = None,
+    salt: str = "",
 ) -> tuple[LoadResult, PairedLoad]:
     # Only the stage's side adds its request fields: the reference is asked as it always is.
     return run_paired_load(
         Server(facts.base_url, facts.model, request_body),
         Server(reference_facts.base_url, reference_facts.model),
         reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
-        cores=cores,
+        cores=cores, salt=salt,
     )
 
 
@@ -246,10 +248,11 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
 
 
 def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings,
-              reused: set[str]) -> StageRecord:
+              reused: set[str], kept: KeptEngines | None = None, keep: bool = False) -> StageRecord:
     """Start the engine, measure, stop; a failed measurement is kept as the stage's error.
 
     `reused`: stages restored from the cache in this run (their engines are not up to race).
+    `keep`: a stage measured without error leaves its engine serving in `kept` for later stages.
     """
     from flows.served import check_served
 
@@ -263,24 +266,28 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
-        spec.engine, stage.checkpoint, stage.engine_flags, folder / "engine.log", stage.name
+        spec_port_free(spec, kept), stage.checkpoint, stage.engine_flags, folder / "engine.log",
+        stage.name
     )
     logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
     try:
-        with engine as facts:
+        with contextlib.ExitStack() as own:
+            facts = own.enter_context(engine)
             record.facts = facts
             logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
                         facts.kv_cache_tokens)
             # What the engine says it serves must be what the axes say, before any measuring.
             check_served(stage, facts, spec.engine, folder / "engine.log")
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,
-                                             clock)
+                                             clock, kept)
             if stage.axes.emulated:
                 # Dequantized weights served as bf16: their speed is not the format's. Quality
                 # measured; speed predicted for the target GPU (gates/whatif), never measured.
                 logger.info("stage %s: emulated, so no load (speed is predicted)", stage.name)
             else:
-                measure_speed(stage, prepared, facts, folder, record, reused, clock)
+                measure_speed(stage, prepared, facts, folder, record, reused, clock, kept)
+            if keep and kept is not None:
+                kept.hold(stage.name, engine, facts, own.pop_all())
     except MeasurementError as err:
         record.error = str(err)
         if record.facts is not None and getattr(engine, "alive", lambda: True)() is False:
@@ -303,15 +310,15 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
 
 
 def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: Path,
-                  record: StageRecord, reused: set[str], clock: dict[str, float]) -> None:
+                  record: StageRecord, reused: set[str], clock: dict[str, float],
+                  kept: KeptEngines | None = None) -> None:
     """Load levels (and capacity search), alone or in rounds against the reference beside it."""
     logger = get_run_logger()
     spec = prepared.spec
     profile = bind(prepared.profile, prepared.load_prompts, folder / "load")
-    if profile.capacity.enabled and not searches_capacity(
-            stage, prepared.stages, profile.capacity.model_dump()):
-        logger.info("stage %s: no capacity search (only the baseline and the final candidate; "
-                    "capacity.every_stage asks for all)", stage.name)
+    skipped = capacity_skipped(stage, prepared, record, folder, profile)
+    if skipped:
+        progress.line(f"stage {stage.name}: no capacity search ({skipped})")
         profile = profile.model_copy(update={
             "capacity": profile.capacity.model_copy(update={"enabled": False})})
     reference = timed_against(stage, prepared)
@@ -331,12 +338,31 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
         logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
                     reference.name)
         with engine_beside(spec, reference, folder / "reference-engine.log",
-                           REFERENCE_PORT_OFFSET) as reference_facts, \
+                           REFERENCE_PORT_OFFSET, kept) as reference_facts, \
                 timed(clock, "load"):
             clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
                 facts, reference_facts, reference, profile, folder,
-                plan_for(spec.engine), stage.load_body or None)
+                plan_for(spec.engine), stage.load_body or None, salt=stage.name)
+
+
+def capacity_skipped(stage: Stage, prepared: Prepared, record: StageRecord, folder: Path,
+                     profile: LoadProfile) -> str | None:
+    """Why `stage` skips the capacity search its profile enables (None: it searches). Only the
+    baseline and the final candidate search, and a candidate that already fails a quality rule
+    for good does not: the search is the longest part of a load, and no capacity can turn that
+    rollback into a go. `capacity.every_stage` searches every stage."""
+    capacity = profile.capacity
+    if not capacity.enabled or capacity.every_stage:
+        return None
+    if not searches_capacity(stage, prepared.stages, capacity.model_dump()):
+        return "only the baseline and the final candidate; capacity.every_stage asks for all"
+    if stage.parent is not None and record.quality is not None:
+        decided = failed_for_good(stage, record.quality, folder.parent, prepared)
+        if decided:
+            return (f"already fails {', '.join(decided)}, which no capacity can change; "
+                    "capacity.every_stage searches anyway")
+    return None
 
 
 def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
@@ -362,7 +388,6 @@ def host_slot() -> Iterator[None]:
 def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
                    manifest: RunManifest, tracker: Tracker) -> list[StageRecord]:
     """Each stage, from the cache when it was measured before, else served and measured."""
-    logger = get_run_logger()
     spec = prepared.spec
     cache = StageCache(settings.stage_cache_dir)
     parts = stage_keys(prepared.stages, spec, prepared.profile.model_dump(mode="json"),
@@ -372,49 +397,81 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
     # The stage the verdict judges as the candidate (gates.decide): the last one not a control.
     candidate = next((s for s in reversed(prepared.stages[1:]) if s.kind != "control"), None)
     reused: set[str] = set()
-    for stage in prepared.stages:
-        folder = results_dir / stage.name
-        manifest.stages.append(stage.name)
-        manifest.save(results_dir)
-        parent = records.get(stage.parent) if stage.parent else None
-        started = time.monotonic()
-        with tracker.stage_run(spec.candidate, stage.name, stage.kind):
-            if parent is not None and parent.error:
-                record = not_measured(stage, parent)
-                record.save(folder)
-            elif (stage.kind != "control" and not no_cache
-                  and cache.restore(keys[stage.name], folder)):
-                reused.add(stage.name)
-                manifest.reused[stage.name] = keys[stage.name]
-                logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
-                            keys[stage.name][:12])
-                record = StageRecord.read(folder)
-            else:
-                try:
-                    record = measure_stage(stage, prepared, results_dir, settings, reused,
-                                           manifest)
-                except BaseException:
-                    if (folder / "stage.json").exists():  # what it got before it broke
-                        tracker.log_stage(StageRecord.read(folder), folder)
-                    raise
-                record.cache_key = keys[stage.name]
-                record.save(folder)
-                if record.error is None and stage.kind != "control":
-                    cache.store(keys[stage.name], parts[stage.name], folder)
-            tracker.log_stage(record, folder, cached=stage.name in reused)
-        records[stage.name] = record
-        first = prepared.stages[0].name
-        if stage.name != first and (results_dir / first / "stage.json").exists():
-            records[first] = StageRecord.read(results_dir / first)  # grown by adaptive looks
-        progress.line(stage_summary(record, list(records.values()), prepared.policy,
-                                    time.monotonic() - started,
-                                    final=stage is candidate))
+    keep_until = engines_to_keep(prepared)
+    with KeptEngines() as kept:
+        for index, stage in enumerate(prepared.stages):
+            started = time.monotonic()
+            record = measure_one(stage, prepared, results_dir, settings, no_cache, manifest,
+                                 tracker, (cache, parts, keys), records, reused, kept,
+                                 keep=stage.name in keep_until)
+            for name in kept.names() - {n for n, last in keep_until.items() if last > index}:
+                kept.release(name)  # no later stage races against it or scores more items on it
+            records[stage.name] = record
+            first = prepared.stages[0].name
+            if stage.name != first and (results_dir / first / "stage.json").exists():
+                records[first] = StageRecord.read(results_dir / first)  # grown by adaptive looks
+            progress.line(stage_summary(record, list(records.values()), prepared.policy,
+                                        time.monotonic() - started, final=stage is candidate))
     baseline = prepared.stages[0].name
     if records[baseline].error is None:  # later stages may have scored more baseline items
         cache.store(keys[baseline], parts[baseline], results_dir / baseline)
     manifest.cache_keys = keys
     manifest.save(results_dir)
     return list(records.values())
+
+
+def engines_to_keep(prepared: Prepared) -> dict[str, int]:
+    """Stage name -> index of the last stage that may use its engine: the baseline's (adaptive
+    looks score more of its items, timed stages race it) and each stage a later one is timed
+    against. vllm-cpu only: on a GPU a third engine beside two may not fit in memory."""
+    engine, stages = prepared.spec.engine, prepared.stages
+    if engine.kind != "vllm" or engine.device != "cpu" or len(stages) < 2:
+        return {}
+    keep = {stages[0].name: len(stages) - 1}
+    for index, stage in enumerate(stages):
+        reference = timed_against(stage, prepared)
+        if reference is not None:
+            keep[reference.name] = max(keep.get(reference.name, 0), index)
+    return keep
+
+
+def measure_one(stage: Stage, prepared: Prepared, results_dir: Path, settings: Settings,
+                no_cache: bool, manifest: RunManifest, tracker: Tracker,
+                cached: tuple[StageCache, dict, dict[str, str]], records: dict[str, StageRecord],
+                reused: set[str], kept: KeptEngines, keep: bool) -> StageRecord:
+    """One stage: not measured (its parent failed), from the cache, or served and measured (its
+    engine left serving in `kept` when `keep`)."""
+    logger = get_run_logger()
+    cache, parts, keys = cached
+    folder = results_dir / stage.name
+    manifest.stages.append(stage.name)
+    manifest.save(results_dir)
+    parent = records.get(stage.parent) if stage.parent else None
+    with tracker.stage_run(prepared.spec.candidate, stage.name, stage.kind):
+        if parent is not None and parent.error:
+            record = not_measured(stage, parent)
+            record.save(folder)
+        elif (stage.kind != "control" and not no_cache
+              and cache.restore(keys[stage.name], folder)):
+            reused.add(stage.name)
+            manifest.reused[stage.name] = keys[stage.name]
+            logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
+                        keys[stage.name][:12])
+            record = StageRecord.read(folder)
+        else:
+            try:
+                record = measure_stage(stage, prepared, results_dir, settings, reused, manifest,
+                                       kept, keep)
+            except BaseException:
+                if (folder / "stage.json").exists():  # what it got before it broke
+                    tracker.log_stage(StageRecord.read(folder), folder)
+                raise
+            record.cache_key = keys[stage.name]
+            record.save(folder)
+            if record.error is None and stage.kind != "control":
+                cache.store(keys[stage.name], parts[stage.name], folder)
+        tracker.log_stage(record, folder, cached=stage.name in reused)
+    return record
 
 
 def stage_summary(record: StageRecord, so_far: list[StageRecord], policy: GatePolicy,
@@ -446,13 +503,14 @@ def stage_summary(record: StageRecord, so_far: list[StageRecord], policy: GatePo
 
 
 def measure_stage(stage: Stage, prepared: Prepared, results_dir: Path, settings: Settings,
-                  reused: set[str], manifest: RunManifest) -> StageRecord:
+                  reused: set[str], manifest: RunManifest, kept: KeptEngines | None = None,
+                  keep: bool = False) -> StageRecord:
     """Serve and measure one stage; the engines it started go into the manifest, also when
     the stage raises (a baseline that cannot start)."""
     before = len(STARTED)
     folder = results_dir / stage.name
     try:
-        record = run_stage(stage, prepared, folder, settings, reused)
+        record = run_stage(stage, prepared, folder, settings, reused, kept, keep)
     finally:
         manifest.engine_starts += [f"{served} ({log.relative_to(results_dir)})"
                                    for served, log in STARTED[before:]

@@ -1,10 +1,11 @@
 """Adaptive sample size: while accuracy (or output length) is inconclusive, score more items.
 
-The stage's engine is still up; the baseline is served again beside it (another port, the same
-cores) only for the items it has not answered yet, and its stored record grows with them, so a
-later stage needing the same items finds them already scored. Each batch multiplies every set's
-items by the policy's `growth`, within the set's pool, up to `max_looks` looks; the accuracy rule
-splits its alpha over those looks, so looking again cannot buy a false go.
+The stage's engine is still up; the baseline answers beside it (the engine the run kept up, or
+served again on another port, the same cores) only for the items it has not answered yet, and
+its stored record grows with them, so a later stage needing the same items finds them already
+scored. Each batch multiplies every set's items by the policy's `growth`, within the set's pool,
+up to `max_looks` looks; the accuracy rule splits its alpha over those looks, so looking again
+cannot buy a false go.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from evalsets.contracts import fit_to_context
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
-from flows.engines import BASELINE_PORT_OFFSET, engine_beside
+from flows.engines import BASELINE_PORT_OFFSET, KeptEngines, engine_beside
 from flows.plan import Stage
 from flows.spec import Spec
 from gates.accuracy import more_items
@@ -49,8 +50,10 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
 def grow_until_decided(
     stage: Stage, quality: QualityResult, facts: EngineFacts, spec: Spec, baseline: Stage,
     results_dir: Path, policy: GatePolicy, pools: dict[str, int], num_concurrent: int,
+    kept: KeptEngines | None = None,
 ) -> QualityResult:
-    """Score more items on the stage (and the baseline) until the pooled rule decides."""
+    """Score more items on the stage (and the baseline) until the pooled rule decides; on the
+    baseline's engine the run `kept` up when it has one."""
     baseline_folder = results_dir / baseline.name
     base_record = StageRecord.read(baseline_folder)
     if base_record.quality is None:
@@ -77,7 +80,7 @@ def grow_until_decided(
                     if base_facts is None:
                         base_facts = stack.enter_context(engine_beside(
                             spec, baseline, baseline_folder / "engine-more-items.log",
-                            BASELINE_PORT_OFFSET))
+                            BASELINE_PORT_OFFSET, kept))
                     _extend(base_task, _score(
                         base_facts, sets[name], len(base_task.items), wanted,
                         baseline_folder / "quality", baseline.checkpoint, spec.chat_template,

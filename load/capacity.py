@@ -49,11 +49,17 @@ def capacity_step(
 class MissWatch:
     """Decides a probe early: once more requests in its window have missed the SLO than the
     target allows of all the arrivals the window will see, the rate has failed, whatever the
-    remaining requests do; the probe can stop there instead of running out its window."""
+    remaining requests do; the probe can stop there instead of running out its window. So has
+    it once enough requests left late that the dispatch lag's p99 exceeds MAX_DISPATCH_LAG_MS
+    even if the window sees a quarter more arrivals than expected."""
 
     def __init__(self, rate: float, window_s: float, warmup_s: float, slo: Slo, target: float):
         self.warmup_s, self.window_s, self.slo = warmup_s, window_s, slo
         self.allowed = math.floor((1 - target) * rate * window_s)
+        most = math.ceil(1.25 * rate * window_s)
+        # np.percentile(lags, 99) interpolates at 0.99 (n - 1): it lies above the limit once
+        # the sample at that rank does, i.e. once this many samples are late.
+        self.late_allowed = most - math.floor(0.99 * (most - 1)) - 1
         self.first_start: float | None = None
         self.seen: list[LoadSample] = []
         self.stopped = False  # set by whoever stopped the probe on its word
@@ -64,15 +70,20 @@ class MissWatch:
         if starts:
             self.first_start = min([*starts, *([self.first_start] if self.first_start else [])])
 
-    def misses(self) -> int:
+    def _in_window(self) -> list[LoadSample]:
         if self.first_start is None:
-            return 0
+            return []
         opens = self.first_start + self.warmup_s
-        return sum(opens <= s.start_s < opens + self.window_s and not meets_slo(s, self.slo)
-                   for s in self.seen)
+        return [s for s in self.seen if opens <= s.start_s < opens + self.window_s]
+
+    def misses(self) -> int:
+        return sum(not meets_slo(s, self.slo) for s in self._in_window())
+
+    def late(self) -> int:
+        return sum((s.dispatch_lag_ms or 0.0) > MAX_DISPATCH_LAG_MS for s in self._in_window())
 
     def failed(self) -> bool:
-        return self.misses() > self.allowed
+        return self.misses() > self.allowed or self.late() > self.late_allowed
 
 
 def search_capacity(

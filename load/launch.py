@@ -33,9 +33,11 @@ def locust_env(
     rate: float = 0.0,
     arrivals_s: float = 0.0,
     request_body: dict | None = None,
+    salt: str = "",
 ) -> dict[str, str]:
     """The QG_* variables the locustfile reads (see load/locustfile.py); `request_body`: fields
-    every request adds (a structured_output stage's response_format)."""
+    every request adds (a structured_output stage's response_format); `salt`: prompt streams of
+    its own (a paired stage's, see load/paired.py)."""
     if profile.prompts.source != "random" and profile.prompt_ids is None:
         # Never fall back to random prompts silently: the record would name the wrong source.
         raise MeasurementError(f"load profile prompts ({profile.prompts.source}) were not "
@@ -47,6 +49,7 @@ def locust_env(
         "QG_OUTPUT_TOKENS": str(profile.output_tokens),
         "QG_SEED": str(profile.seed),
         "QG_LEVEL": tag,
+        "QG_PROMPT_SALT": salt,
         "QG_TIMEOUT_S": str(profile.request_timeout_s),
         "QG_SAMPLES_FILE": str(samples_path) if samples_path else "",
         "QG_MAX_REQUESTS": str(max_requests),

@@ -38,6 +38,10 @@ PROMPT_TOKENS = int(os.environ.get("QG_PROMPT_TOKENS", "128"))
 OUTPUT_TOKENS = int(os.environ.get("QG_OUTPUT_TOKENS", "32"))
 SEED = int(os.environ.get("QG_SEED", "1234"))
 LEVEL = os.environ.get("QG_LEVEL", "")
+# A stage timed against an engine the run kept up gets prompt streams of its own: the kept
+# engine has already answered the unsalted ones, and a repeat would hit its prefix cache.
+SALT = os.environ.get("QG_PROMPT_SALT", "")
+STREAM = f"{SALT}/{LEVEL}" if SALT else LEVEL
 TIMEOUT_S = float(os.environ.get("QG_TIMEOUT_S", "120"))
 MAX_REQUESTS = int(os.environ.get("QG_MAX_REQUESTS", "0"))
 RATE = float(os.environ.get("QG_RATE", "0"))
@@ -204,9 +208,10 @@ class CompletionsUser(FastHttpUser):
 
     def on_start(self) -> None:
         # Each user of each level has its own seeded stream of prompts: every stage gets the same
-        # prompts, and no prompt repeats within a server's life, so the prefix cache never hits.
+        # prompts (both sides of a paired round too), and no prompt repeats within a server's
+        # life, so the prefix cache never hits.
         runner = self.environment.runner
-        self._rng = random.Random(f"{SEED}:{LEVEL}:{runner.worker_index}:{next(_user_numbers)}")
+        self._rng = random.Random(f"{SEED}:{STREAM}:{runner.worker_index}:{next(_user_numbers)}")
         self._worker = _worker_name(self.environment)
 
     def _prompt(self) -> list[int]:

@@ -44,6 +44,7 @@ def run_paired_load(
     *,
     reference_command: str | None = None,
     cores: CorePlan | None = None,
+    salt: str = "",
 ) -> tuple[LoadResult, PairedLoad]:
     """Per level, `profile.rounds` rounds of the same load against both servers, back to back.
 
@@ -52,6 +53,8 @@ def run_paired_load(
     Raw files land in out_dir/stage and out_dir/reference (same tags: a round's two sides got the
     same prompts); load.json and paired.json in out_dir. Locust runs on the client cores of
     `cores` (both engines are bound to the same engine cores, one of them loaded at a time).
+    `salt` (the stage's name) gives the rounds prompt streams of their own: a reference the run
+    kept up has already answered the unsalted ones, which would hit its prefix cache.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     cores = cores or CorePlan.unplanned()
@@ -68,7 +71,7 @@ def run_paired_load(
                                        "warmup_requests": 0})
     for side, server in servers.items():
         run_level(server.base_url, server.model, warm, "warmup", max(levels.values()),
-                  out_dir / side, cores=cores, request_body=server.request_body)
+                  out_dir / side, cores=cores, request_body=server.request_body, salt=salt)
     for level, users in levels.items():
         rounds: list[PairedRound] = []
         windows: list[float] = []
@@ -78,7 +81,7 @@ def run_paired_load(
                 server = servers[side]
                 samples = run_level(server.base_url, server.model, one_side, level, users,
                                     out_dir / side, repeat=index, cores=cores,
-                                    request_body=server.request_body)
+                                    request_body=server.request_body, salt=salt)
                 measured[side], window_s = measured_part(samples, one_side, level)
                 check_equal_work(measured[side], profile.output_tokens, f"{level} ({side})")
                 if side == "stage":

@@ -114,6 +114,7 @@ def run_level(
     repeat: int = 0,
     cores: CorePlan | None = None,
     request_body: dict | None = None,
+    salt: str = "",
 ) -> list[LoadSample]:
     """One closed-loop Locust run (local or distributed); every raw sample, warm-up included."""
     tag = level_tag(level, repeat)
@@ -129,7 +130,7 @@ def run_level(
         budget = 0
         run_s = math.ceil(profile.warmup_s + profile.duration_s) + RUN_MARGIN_S
     env = locust_env(model, profile, tag, samples_path, users, max_requests=budget,
-                     request_body=request_body)
+                     request_body=request_body, salt=salt)
     label = f"{who(out_dir)}: load {tag}, {users} user(s)"
     progress.line(f"{label}: {budget} requests" if budget else
                   f"{label}: {run_s - RUN_MARGIN_S} s")

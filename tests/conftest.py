@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +16,14 @@ def pytest_configure(config) -> None:
     """One stage cache per test session: the end-to-end modules share what they measured (the
     baseline is served once for all of them), as a team's runs share it on one host."""
     os.environ.setdefault("QG_CACHE_DIR", tempfile.mkdtemp(prefix="qg-stage-cache-"))
+    # pytest-xdist hands its workers the terminal's width as COLUMNS; the CLI tests give the width
+    # they need themselves, so workers read the CLI's output as a single process does.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+    # A Prefect temporary server that an earlier test in the same process started logs its stop
+    # to a stream that test's capture has closed; logging would print that error into whichever
+    # test's output is being captured then.
+    logging.raiseExceptions = False
 
 
 @pytest.fixture

@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
 
 pytestmark = pytest.mark.e2e
+SHORT_LOAD = {"low_users": 1, "high_users": 2, "prompt_tokens": 64, "output_tokens": 16,
+              "requests": 4, "warmup_requests": 1, "rounds": 3, "round_requests": 3,
+              "round_warmup_requests": 1, "seed": 1234, "slo": {"ttft_ms": 2000, "tpot_ms": 200}}
 
 
 def free_port() -> int:
@@ -41,13 +44,15 @@ def run(tmp_path_factory):
     assert made.returncode == 0, made.stderr
     entry = yaml.safe_load((folder / "orders" / "spec-snippet.yaml").read_text())["evalsets"][0]
     entry |= {"path": "orders/data.jsonl", "limit": 60, "max_gen_toks": 32}  # relative to the spec
+    # The user's set alone, and a short load: the set is under test here, the load in the tree.
+    (folder / "short.yaml").write_text(yaml.safe_dump(SHORT_LOAD))
     spec = {
         "candidate": "e2e", "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
         "engine": {"kind": "vllm", "device": "cpu", "port": free_port(), "enforce_eager": True,
                    "max_model_len": 2048, "startup_timeout_s": 600},
         "stages": [{"name": "control", "kind": "control", "parent": "baseline"}],
-        "evalsets": [{"name": "math", "limit": 60, "max_gen_toks": 64}, entry],
-        "load_profile": "ci",
+        "evalsets": [entry],
+        "load_profile": str(folder / "short.yaml"),
     }
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

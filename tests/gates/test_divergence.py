@@ -186,7 +186,7 @@ def test_gate_uses_the_policy_stored_with_the_run_unless_told(tmp_path, monkeypa
         return decide(candidate, recs, policy)
 
     monkeypatch.setattr("gates.decide.decide", spy)
-    result = CliRunner().invoke(app, ["gate", str(tmp_path)])
+    result = CliRunner().invoke(app, ["gate", str(tmp_path)], env={"COLUMNS": "300"})
     assert "policy.json" in result.output and seen[-1] == strict
     assert by_rule(decide("c", records, strict).stages[1].checks)["divergence.kl"].status == "fail"
     CliRunner().invoke(app, ["gate", str(tmp_path), "--policy", "default"])

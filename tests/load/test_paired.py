@@ -115,3 +115,25 @@ def test_progress_lines_name_the_stage_and_the_side():
 
     assert who(Path("runs/r/w8/load")) == "w8"
     assert who(Path("runs/r/w8/load/reference")) == "w8 (reference)"
+
+
+def test_a_kept_reference_never_sees_a_prompt_twice_and_both_sides_stay_alike(tmp_path):
+    """A reference the run kept up has answered its own levels; a stage raced against it salts
+    the rounds' prompt streams with its name, so the reference's prefix cache never hits, while
+    both sides of every round still get the same prompts."""
+    from load.runner import run_level
+
+    def prompts(server, start=0):
+        return [tuple(body["prompt"]) for body in server.requests[start:]]
+
+    with FakeOpenAI(token_delay_s=0.005, first_token_delay_s=0.005) as reference, \
+            FakeOpenAI(model="stage-model", token_delay_s=0.005, first_token_delay_s=0.005) as stage:
+        for level, users in PROFILE.levels().items():  # the reference's own stage, unsalted
+            run_level(reference.base_url, "fake-model", PROFILE, level, users, tmp_path / "own")
+        own = prompts(reference)
+        run_paired_load(Server(stage.base_url, "stage-model"),
+                        Server(reference.base_url, "fake-model"), "baseline", PROFILE,
+                        tmp_path / "a8", salt="a8")
+        raced = prompts(reference, len(own))
+        assert not set(own) & set(raced)
+        assert sorted(raced) == sorted(prompts(stage))  # the same prompts, side for side

@@ -76,6 +76,34 @@ def test_the_watch_counts_only_misses_inside_the_window():
     assert not watch.failed()
 
 
+def test_the_watch_fails_a_probe_once_its_lag_p99_cannot_stay_under_the_limit():
+    """Requests leaving late (the client starved, the pool dry) fail a probe as surely as SLO
+    misses: once enough are late that the final p99 lies above the limit, however many on-time
+    requests follow (up to a quarter more arrivals than expected)."""
+    import numpy as np
+
+    from load.capacity import MAX_DISPATCH_LAG_MS, MissWatch, capacity_step
+    from load.results import LoadSample
+
+    slo = PROFILE.slo
+    watch = MissWatch(rate=8, window_s=20, warmup_s=1, slo=slo, target=0.99)
+    on_time = [LoadSample(start_s=100 + 2 * i, scheduled_s=100 + 2 * i - 0.001, ttft_ms=10,
+                          e2e_ms=20, output_tokens=4) for i in range(10)]  # the first opens it
+    lag_s = 2 * MAX_DISPATCH_LAG_MS / 1000
+    late = [s.model_copy(update={"scheduled_s": s.start_s - lag_s}) for s in on_time[1:]]
+    watch.add([*on_time, *late[:watch.late_allowed]])
+    assert watch.misses() == 0 and not watch.failed()  # every request met the SLO
+    watch.add(late[watch.late_allowed:watch.late_allowed + 1])
+    assert watch.failed()
+    # The judge at the end agrees for any count up to 1.25x the expected 160 arrivals.
+    late_count = watch.late_allowed + 1
+    for total in (late_count + 20, 160, 200):
+        samples = on_time[:1] * (total - late_count) + late[:1] * late_count
+        step = capacity_step(8, samples, 20, slo, 0.99)
+        lags = [s.dispatch_lag_ms for s in samples]
+        assert np.percentile(lags, 99) > MAX_DISPATCH_LAG_MS and not step.passed, total
+
+
 def test_an_open_loop_probe_sends_nothing_after_its_window(fake_openai, tmp_path):
     """Users waiting for an arrival past the window stop: the probe does not sleep through
     Locust's stop timeout offering requests nobody judges."""
