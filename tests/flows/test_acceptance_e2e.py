@@ -79,14 +79,15 @@ PLANTED_KEY = "sk-planted-e2e-4b7f0d91"
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """One run, one baseline, every outcome the verdict must get right:
+    """One run, one baseline, the outcomes of quantized stages the verdict must get right:
 
-    baseline -> control (the baseline again: must go)
-             -> w8 (INT8 weights, dequantized: near-lossless) -> a8 (W8A8, real INT8 kernels)
+    baseline -> w8 (INT8 weights, dequantized: near-lossless) -> a8 (W8A8, real INT8 kernels)
              -> w4 (INT4 g64 round-to-nearest, dequantized: a bad candidate, the last stage)
+
+    A control stage (the baseline served again: it must go) runs in the user-set run
+    (tests/evalsets/test_userset_e2e.py), on the same ci load and the default policy.
     """
     return run_spec(tmp_path_factory, "tree", extra_args=["--api-key", PLANTED_KEY], stages=[
-        {"name": "control", "kind": "control", "parent": "baseline"},
         {"name": "w8", "kind": "weights", "parent": "baseline",
          "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")},
         {"name": "a8", "kind": "activations", "parent": "w8",
@@ -107,19 +108,9 @@ def failed(verdict, stage: str) -> set[str]:
 QUALITY_RULES = ("quality.", "divergence.", "perplexity.", "length")
 
 
-def test_the_control_stage_goes(tree):
+def test_the_near_lossless_stage_passes_every_quality_rule(tree):
     _, _, verdict, records = tree
     assert all(r["error"] is None for r in records.values()), [r["error"] for r in records.values()]
-    control = next(s for s in verdict["stages"] if s["stage"] == "control")
-    assert control["kind"] == "control" and control["parent"] == "baseline"
-    assert control["passed"], [f"{c['rule']}: {c['reason']}" for c in control["checks"]
-                               if not c["passed"]]
-    assert stage_checks(verdict, "control")["quality.accuracy"]["status"] == "pass"
-    assert records["control"]["paired_load"] is not None  # timed against the baseline, interleaved
-
-
-def test_the_near_lossless_stage_passes_every_quality_rule(tree):
-    _, _, verdict, _ = tree
     checks = stage_checks(verdict, "w8")
     quality = {rule: c for rule, c in checks.items() if rule.startswith(QUALITY_RULES)}
     assert {"quality.accuracy", "divergence.kl", "divergence.top1", "perplexity.parent",
@@ -209,7 +200,7 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
     assert parent.iloc[0]["tags.verdict"] == verdict["decision"]
     assert parent.iloc[0]["status"] == "FINISHED"
     nested = runs[runs["tags.mlflow.parentRunId"] == parent.iloc[0]["run_id"]]
-    assert sorted(nested["tags.stage"]) == ["a8", "baseline", "control", "w4", "w8"]
+    assert sorted(nested["tags.stage"]) == ["a8", "baseline", "w4", "w8"]
     # Each stage run is open while the stage is measured: its duration is the stage's own.
     measured = nested[nested["tags.cached"] == "false"]
     seconds = (measured["end_time"] - measured["start_time"]).dt.total_seconds()
@@ -218,7 +209,7 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
                    "metrics.quality.perplexity"):
         assert nested[column].notna().all(), column
     # Emulated stages (w8, w4: dequantized weights) have their speed predicted, never measured.
-    served = nested[nested["tags.stage"].isin(["baseline", "control", "a8"])]
+    served = nested[nested["tags.stage"].isin(["baseline", "a8"])]
     emulated = nested[nested["tags.stage"].isin(["w8", "w4"])]
     for column in ("metrics.load.high.ttft_p50_ms", "metrics.load.low.tpot_p50_ms",
                    "metrics.load.high.output_tokens_per_s"):
