@@ -316,7 +316,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     logger = get_run_logger()
     spec = prepared.spec
     profile = bind(prepared.profile, prepared.load_prompts, folder / "load")
-    skipped = capacity_skipped(stage, prepared, record, folder, profile)
+    skipped = capacity_skipped(stage, prepared, profile)
     if skipped:
         progress.line(f"stage {stage.name}: no capacity search ({skipped})")
         profile = profile.model_copy(update={
@@ -335,8 +335,10 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     else:
         # Both engines up at once, loaded in alternating rounds: drift between runs hits
         # both sides of a round alike (load/README.md).
-        logger.info("stage %s: starting %s beside it for interleaved timing", stage.name,
-                    reference.name)
+        how = "its engine kept up" if kept is not None and reference.name in kept.names() \
+            else "starting it"
+        logger.info("stage %s: timed against %s beside it in interleaved rounds (%s)", stage.name,
+                    reference.name, how)
         with engine_beside(spec, reference, folder / "reference-engine.log",
                            REFERENCE_PORT_OFFSET, kept) as reference_facts, \
                 timed(clock, "load"):
@@ -346,22 +348,13 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
                 plan_for(spec.engine), stage.load_body or None, salt=stage.name)
 
 
-def capacity_skipped(stage: Stage, prepared: Prepared, record: StageRecord, folder: Path,
-                     profile: LoadProfile) -> str | None:
+def capacity_skipped(stage: Stage, prepared: Prepared, profile: LoadProfile) -> str | None:
     """Why `stage` skips the capacity search its profile enables (None: it searches). Only the
-    baseline and the final candidate search, and a candidate that already fails a quality rule
-    for good does not: the search is the longest part of a load, and no capacity can turn that
-    rollback into a go. `capacity.every_stage` searches every stage."""
+    baseline and the final candidate search, also a candidate already failing a quality rule:
+    what it would have bought is part of the rollback's reasoning."""
     capacity = profile.capacity
-    if not capacity.enabled or capacity.every_stage:
-        return None
-    if not searches_capacity(stage, prepared.stages, capacity.model_dump()):
+    if capacity.enabled and not searches_capacity(stage, prepared.stages, capacity.model_dump()):
         return "only the baseline and the final candidate; capacity.every_stage asks for all"
-    if stage.parent is not None and record.quality is not None:
-        decided = failed_for_good(stage, record.quality, folder.parent, prepared)
-        if decided:
-            return (f"already fails {', '.join(decided)}, which no capacity can change; "
-                    "capacity.every_stage searches anyway")
     return None
 
 
