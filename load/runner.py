@@ -11,7 +11,13 @@ from pathlib import Path
 from infra.cores import CorePlan
 from infra.errors import MeasurementError
 from infra.progress import progress
-from load.capacity import MissWatch, bracket_from_levels, capacity_step, search_capacity
+from load.capacity import (
+    MAX_DISPATCH_LAG_MS,
+    MissWatch,
+    bracket_from_levels,
+    capacity_step,
+    search_capacity,
+)
 from load.launch import LOCUSTFILE, locust_env, run_locust, tail
 from load.profile import LoadProfile
 from load.results import CapacityStep, LoadResult, LoadSample, LoadSummary
@@ -240,8 +246,12 @@ def find_capacity(
         else:
             step = capacity_step(rate, measured, window_s, profile.slo, search.target)
         stopped = f", stopped after {step.stopped_s:.0f} s" if step.stopped_s is not None else ""
+        late = step.dispatch_lag_p99_ms or 0.0
+        # Every request in time but arrivals sent late: the client could not offer the rate.
+        lag = (f"; arrivals left late, dispatch lag p99 {late:.0f} ms > {MAX_DISPATCH_LAG_MS:g} ms"
+               if late > MAX_DISPATCH_LAG_MS else "")
         progress.line(f"{label}: {rate:.3g} req/s {'meets' if step.passed else 'misses'} the SLO "
-                      f"({step.goodput:.0%} of {step.requests} requests in time{stopped})")
+                      f"({step.goodput:.0%} of {step.requests} requests in time{stopped}{lag})")
         return step
 
     low, high = (levels or {}).get("low"), (levels or {}).get("high")
