@@ -316,9 +316,10 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
     logger = get_run_logger()
     spec = prepared.spec
     profile = bind(prepared.profile, prepared.load_prompts, folder / "load")
-    skipped = capacity_skipped(stage, prepared, profile)
-    if skipped:
-        progress.line(f"stage {stage.name}: no capacity search ({skipped})")
+    if profile.capacity.enabled and not searches_capacity(
+            stage, prepared.stages, profile.capacity.model_dump()):
+        logger.info("stage %s: no capacity search (only the baseline and the final candidate; "
+                    "capacity.every_stage asks for all)", stage.name)
         profile = profile.model_copy(update={
             "capacity": profile.capacity.model_copy(update={"enabled": False})})
     reference = timed_against(stage, prepared)
@@ -346,16 +347,6 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
             record.load, record.paired_load = measure_paired_load(
                 facts, reference_facts, reference, profile, folder,
                 plan_for(spec.engine), stage.load_body or None, salt=stage.name)
-
-
-def capacity_skipped(stage: Stage, prepared: Prepared, profile: LoadProfile) -> str | None:
-    """Why `stage` skips the capacity search its profile enables (None: it searches). Only the
-    baseline and the final candidate search, also a candidate already failing a quality rule:
-    what it would have bought is part of the rollback's reasoning."""
-    capacity = profile.capacity
-    if capacity.enabled and not searches_capacity(stage, prepared.stages, capacity.model_dump()):
-        return "only the baseline and the final candidate; capacity.every_stage asks for all"
-    return None
 
 
 def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from flows.acceptance import capacity_skipped, engines_to_keep
+from flows.acceptance import engines_to_keep
 from flows.engines import KeptEngines, engine_beside, spec_port_free
 from flows.plan import plan
 from flows.spec import Spec
@@ -106,17 +106,3 @@ def test_engine_beside_uses_the_kept_engine_and_starts_nothing(tmp_path):
         moved = spec_port_free(prepared.spec, kept)
         assert moved.port != 41010 and prepared.spec.engine.port == 41010
     assert spec_port_free(prepared.spec, KeptEngines()).port == 41010
-
-
-def test_the_baseline_and_the_final_candidate_search_capacity_even_when_it_fails(tmp_path):
-    from load.profile import load_profile
-
-    prepared = chain(tmp_path)
-    profile = load_profile("demo")
-    searched = [capacity_skipped(s, prepared, profile) is None for s in prepared.stages]
-    assert searched == [True, False, False, False, True]
-    assert capacity_skipped(prepared.stages[3], prepared, profile).startswith(
-        "only the baseline and the final candidate")
-    every = profile.model_copy(update={"capacity": profile.capacity.model_copy(
-        update={"every_stage": True})})
-    assert all(capacity_skipped(s, prepared, every) is None for s in prepared.stages)
