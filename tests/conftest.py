@@ -26,6 +26,17 @@ def pytest_configure(config) -> None:
     logging.raiseExceptions = False
 
 
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """One Prefect server for the end-to-end runs that are not about Prefect's own start-up: each
+    `quantgate run` would otherwise start a temporary server of its own and wait for it (8 s). The
+    acceptance tree keeps the temporary server, as `make demo` runs."""
+    from infra.servers import PrefectServer
+
+    with PrefectServer(tmp_path_factory.mktemp("prefect")) as server:
+        yield server.api_url
+
+
 @pytest.fixture
 def fake_openai() -> Iterator[FakeOpenAI]:
     """A running fake server with small per-token delays; tweak its attributes before use."""

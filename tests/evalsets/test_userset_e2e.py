@@ -36,7 +36,7 @@ def quantgate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, prefect_api):
     folder = tmp_path_factory.mktemp("userset")  # outside the repository
     made = quantgate("new-evalset", str(folder / "orders"), "--scorer", "numeric", cwd=folder)
     assert made.returncode == 0, made.stderr
@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     assert quantgate("validate", str(path), cwd=folder).returncode == 0
-    result = quantgate("run", str(path), cwd=folder)
+    result = quantgate("run", str(path), cwd=folder, prefect_api=prefect_api)
     print(result.stdout[-4000:], result.stderr[-4000:])
     results = next((folder / "runs").glob("e2e-*"))
     records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}

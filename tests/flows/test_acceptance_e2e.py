@@ -44,15 +44,20 @@ def write_spec(folder: Path, stages: list[dict], port: int, **engine) -> Path:
     return path
 
 
-def quantgate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_env(cwd: Path, prefect_api: str | None = None) -> dict[str, str]:
+    """A run's own MLflow store and folders under cwd; a shared Prefect server where given."""
     env = os.environ | {
         "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}",
         "QG_RESULTS_DIR": str(cwd / "runs"),
         "QG_REPORTS_DIR": str(cwd / "reports"),
         "PYTHONPATH": str(REPO),
     }
-    return subprocess.run([*QUANTGATE, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=3000)
+    return env | ({"PREFECT_API_URL": prefect_api} if prefect_api else {})
+
+
+def quantgate(*args: str, cwd: Path, prefect_api: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*QUANTGATE, *args], cwd=cwd, env=run_env(cwd, prefect_api),
+                          capture_output=True, text=True, timeout=3000)
 
 
 def mlflow_runs(folder: Path):
@@ -223,7 +228,7 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
     assert (folder / "reports" / report / "report.html").is_file()
 
 
-def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
+def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path, prefect_api):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -231,7 +236,7 @@ def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
         spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights",
                                       "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")}], port)
         # --no-cache: the tree measured these very stages; from the cache no engine would start.
-        result = quantgate("run", str(spec), "--no-cache", cwd=tmp_path)
+        result = quantgate("run", str(spec), "--no-cache", cwd=tmp_path, prefect_api=prefect_api)
     assert result.returncode == 2
     assert f"error: port {port} on 127.0.0.1 is already in use" in result.stderr
     runs = mlflow_runs(tmp_path)
@@ -239,11 +244,11 @@ def test_port_in_use_is_one_clear_line_and_marks_the_run_failed(tmp_path):
     assert parent["status"] == "FAILED" and "already in use" in parent["tags.failure"]
 
 
-def test_engine_that_dies_at_start_up_shows_its_log(tmp_path):
+def test_engine_that_dies_at_start_up_shows_its_log(tmp_path, prefect_api):
     w8 = {"name": "w8", "kind": "weights", "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")}
     spec = write_spec(tmp_path, [w8], free_port(),
                       extra_args=["--no-such-flag"])
-    result = quantgate("run", str(spec), cwd=tmp_path)
+    result = quantgate("run", str(spec), cwd=tmp_path, prefect_api=prefect_api)
     assert result.returncode == 2
     assert "engine exited with code" in result.stderr and "no-such-flag" in result.stderr
     stage = json.loads(next((tmp_path / "runs").glob("e2e-*/baseline/stage.json")).read_text())
@@ -258,14 +263,14 @@ def run_record(folder: Path) -> tuple[dict, dict, dict]:
     return manifest, verdict, records
 
 
-def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree):
+def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree, prefect_api):
     broken = tmp_path / "broken"
     shutil.copytree(MODELS / "smollm2-135m-w8a16-dequant", broken,
                     ignore=shutil.ignore_patterns("*.safetensors"))
     (broken / "model.safetensors").write_bytes(b"\0" * 4096)
     spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights", "checkpoint": str(broken)}],
                       free_port())
-    result = quantgate("run", str(spec), cwd=tmp_path)
+    result = quantgate("run", str(spec), cwd=tmp_path, prefect_api=prefect_api)
     assert result.returncode == 1, result.stderr[-3000:]
     manifest, verdict, records = run_record(tmp_path)
     assert verdict["decision"] == "rollback"
@@ -277,7 +282,7 @@ def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree)
     assert [s.split()[0] for s in manifest["engine_starts"]] == ["w8"]
 
 
-def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path, tree):
+def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path, tree, prefect_api):
     from flows.cache import StageCache
 
     # Its own engine flag, so that the stage is served here, not taken from the tree's cache.
@@ -285,10 +290,8 @@ def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path,
           "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64-dequant"),
           "engine_flags": {"extra_args": ["--max-num-seqs", "31"]}}
     spec = write_spec(tmp_path, [w4], free_port())
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-                        "QG_RESULTS_DIR": str(tmp_path / "runs"),
-                        "QG_REPORTS_DIR": str(tmp_path / "reports"), "PYTHONPATH": str(REPO)}
-    run = subprocess.Popen([*QUANTGATE, "run", str(spec)], cwd=tmp_path, env=env,
+    run = subprocess.Popen([*QUANTGATE, "run", str(spec)], cwd=tmp_path,
+                           env=run_env(tmp_path, prefect_api),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 1200
     while not list((tmp_path / "runs").glob("e2e-*/w4/quality")) and time.monotonic() < deadline:
