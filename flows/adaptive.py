@@ -3,9 +3,9 @@
 The stage's engine is still up; the baseline answers beside it (the engine the run kept up, or
 served again on another port, the same cores) only for the items it has not answered yet, and
 its stored record grows with them, so a later stage needing the same items finds them already
-scored. Each batch multiplies every set's items by the policy's `growth`, within the set's pool,
-up to `max_looks` looks; the accuracy rule splits its alpha over those looks, so looking again
-cannot buy a false go.
+scored. Each batch multiplies the items of every set that still bears on the open rule by the
+policy's `growth` (gates.accuracy.more_items says which), within the set's pool, up to `max_looks`
+looks; the accuracy rule splits its alpha over those looks, so looking again cannot buy a false go.
 """
 
 from __future__ import annotations

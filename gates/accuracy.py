@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from evalsets.results import QualityItem, QualityResult
 from gates import stats
-from gates.length import length_checks
+from gates.length import length_checks, length_ratios
 from gates.noninferiority import Stratum, look_alpha, score_interval, simulated_power
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord, paired_items
@@ -286,8 +288,9 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
 
     Every set grows while the pooled rule is inconclusive; otherwise only the sets that cannot
     vouch yet (floor or ceiling) or lean inferior without a decision do. While the required
-    length rule against the parent is inconclusive, every set grows as far as the parent's
-    answers reach (`parent` None: the parent is the baseline, which is served again for them)."""
+    length rule against the parent is inconclusive, the sets in which some answer changed length
+    grow, as far as the parent's answers reach (`parent` None: the parent is the baseline, which
+    is served again for them)."""
     margin = policy.tolerance(precision).accuracy_margin
     level = look_alpha(policy.quality.alpha, policy.quality.max_looks)
     paired, problems = measured_sets(stage, baseline, baseline)
@@ -302,9 +305,9 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     else:
         growing = [name for name, counts in sets.items() if counts.bound(margin) or (
             leans_inferior(counts, margin) and score_interval([counts.stratum], level)[2] >= -margin)]
-    if not growing and policy.length.required and _length_unresolved(stage, parent or baseline,
-                                                                      policy):
-        growing = list(sets)
+    if not growing and policy.length.required:
+        growing = [name for name in _length_growth(stage, parent or baseline, policy)
+                   if name in sets]
         if parent is not None:
             limits = {name: min(limits[name], len(parent.tasks[name].items))
                       for name in sizes if name in parent.tasks}
@@ -316,9 +319,16 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     return grown if any(grown[name] > sizes[name] for name in sizes) else None
 
 
-def _length_unresolved(stage: QualityResult, parent: QualityResult, policy: GatePolicy) -> bool:
+def _length_growth(stage: QualityResult, parent: QualityResult, policy: GatePolicy) -> list[str]:
+    """The sets to grow while the length rule is inconclusive: those in which an answer changed
+    length. A set whose answers all kept their length (the demo's long-context retrievals, its
+    costliest items) carries no drift to resolve: more of it would only dilute the pooled ratio
+    toward x1, a pass bought by averaging in zeros."""
     def wrap(name: str, quality: QualityResult) -> StageRecord:
         return StageRecord(name=name, kind="stage", parent=None, axes={}, quality=quality)
 
-    return length_checks(wrap("stage", stage), wrap("parent", parent), policy)[0].status == \
-        "inconclusive"
+    stage_record, parent_record = wrap("stage", stage), wrap("parent", parent)
+    if length_checks(stage_record, parent_record, policy)[0].status != "inconclusive":
+        return []
+    return [name for name, ratios in length_ratios(stage_record, parent_record).items()
+            if np.count_nonzero(ratios)]

@@ -130,3 +130,15 @@ def test_a_stage_that_already_fails_for_good_gets_no_more_looks(tmp_path):
                                      (0.002, 14.0, ["perplexity.parent"])):
         bad = record("w4", "baseline", scores, kl=kl, perplexity=perplexity)
         assert failed_for_good(stage, bad.quality, tmp_path, prepared) == expected
+
+
+def test_an_unresolved_length_rule_grows_only_the_sets_whose_lengths_changed():
+    base = answers("math", [truth(i) for i in range(200)])
+    base.tasks |= answers("long_context", [truth(i) for i in range(200)]).tasks
+    stage = answers("math", [truth(i) for i in range(120)])
+    stage.tasks |= answers("long_context", [truth(i) for i in range(40)]).tasks
+    for i, item in enumerate(stage.tasks["math"].items):  # lengths scattered around the parent's
+        item.output_tokens = (1, 5, 12)[i % 3]
+    # long_context kept every length: more of it would only pull the ratio toward x1.
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000, "long_context": 1000}) == {
+        "math": 240, "long_context": 40}
