@@ -9,6 +9,12 @@ throughput and quantgate/vLLM ratios. Goal: medians within ±5 %, throughput rat
 The two clients take turns in many short runs (ABBA..., --rounds, default 6), and each run is
 compared with its neighbour in the same round, so a shared machine whose speed swings does not
 favour one side (see `compare`).
+
+The engine it starts runs on cores of its own and both clients on the rest (`--shared-cores`: all
+on every core, as quantgate runs below 4 cores). Sharing, a client's own CPU time is taken from
+the engine's threads: on 2 cores vLLM's heavier client slowed the engine it timed, and read TTFT
+7 % and TPOT 9 % above Locust at concurrency 1, a difference in the clients' cost to the engine,
+not in what they read.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.cores import CorePlan, format_cores, plan_cores, usable_cores
 from infra.vllm_engine import log_tail
 from load.profile import LoadProfile
 from load.runner import measured_part, run_level
@@ -34,9 +41,10 @@ MIN_THROUGHPUT_RATIO = 0.95
 WARMUP_RUN_REQUESTS_PER_USER = 3
 
 
-def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, out: Path) -> dict:
+def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, out: Path,
+                   cores: CorePlan | None = None) -> dict:
     level = f"c{users}"
-    samples = run_level(base_url, model, profile, level, users, out)
+    samples = run_level(base_url, model, profile, level, users, out, cores=cores)
     measured, span_s = measured_part(samples, profile, level)
     summary = summarize(measured, level, users, span_s)
     # vLLM's client ends a request at its last token, quantgate's at [DONE]: the gap between
@@ -55,7 +63,8 @@ def quantgate_side(base_url: str, model: str, profile: LoadProfile, users: int, 
 
 
 def vllm_side(
-    base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: int, out: Path
+    base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: int, out: Path,
+    cores: CorePlan | None = None,
 ) -> dict:
     name = f"vllm_bench_c{users}.json"
     command = [
@@ -73,6 +82,8 @@ def vllm_side(
     log_path = out / f"vllm_bench_c{users}.log"
     env = os.environ | {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
                         "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if cores is not None:
+        command = cores.pin(command)
     with open(log_path, "w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                               timeout=1800).returncode
@@ -108,7 +119,7 @@ def verdict(ratio: dict) -> bool:
 
 def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, users: list[int],
             out: Path, rounds: int = 6, requests_per_user: int = 8,
-            warmup_per_user: int = 1) -> list[dict]:
+            warmup_per_user: int = 1, cores: CorePlan | None = None) -> list[dict]:
     """Per concurrency, `rounds` rounds of one short run per side (ABBA...); paired ratios.
 
     A shared machine's speed swings by tens of percent within a minute, so a few long runs
@@ -131,7 +142,7 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
         warmup = sized.model_copy(update={"seed": next(seeds), "warmup_requests": 0,
                                           "requests": WARMUP_RUN_REQUESTS_PER_USER * concurrency})
         run_level(base_url, model, warmup, f"c{concurrency}", concurrency,
-                  out / f"c{concurrency}-warmup")
+                  out / f"c{concurrency}-warmup", cores=cores)
         runs: dict[str, list[dict]] = {"quantgate": [], "vllm": []}
         order = [side for r in range(rounds)
                  for side in (("quantgate", "vllm") if r % 2 == 0 else ("vllm", "quantgate"))]
@@ -140,9 +151,10 @@ def compare(base_url: str, model: str, tokenizer: str, profile: LoadProfile, use
             run_out.mkdir(parents=True, exist_ok=True)
             run_profile = sized.model_copy(update={"seed": next(seeds)})
             if side == "quantgate":
-                figures = quantgate_side(base_url, model, run_profile, concurrency, run_out)
+                figures = quantgate_side(base_url, model, run_profile, concurrency, run_out, cores)
             else:
-                figures = vllm_side(base_url, model, tokenizer, run_profile, concurrency, run_out)
+                figures = vllm_side(base_url, model, tokenizer, run_profile, concurrency, run_out,
+                                    cores)
             runs[side].append(figures)
             print(f"c={concurrency} run {index + 1} {side}: {json.dumps(figures)}", flush=True)
         per_round = [ratios(ours, theirs)
@@ -203,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6,
                         help="Rounds of one run per side, in ABBA order.")
     parser.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+    parser.add_argument("--shared-cores", action="store_true",
+                        help="Engine and clients on every core (default: cores of their own).")
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the server and Locust are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -225,13 +239,23 @@ def main(argv: list[str] | None = None) -> int:
         from flows.spec import EngineFlags, VllmEngineSpec
         from infra.vllm_engine import VllmEngine
 
-        spec = VllmEngineSpec(port=args.port, enforce_eager=True, omp_threads_bind="0-1",
+        usable = usable_cores()
+        split = not args.shared_cores and len(usable) >= 2
+        # Split: the lowest core for the clients (as infra/cores.py plans), the rest the engine's.
+        bind = format_cores(usable[1:] if split else usable)
+        cores = plan_cores("cpu", bind, usable) if split else None
+        spec = VllmEngineSpec(port=args.port, enforce_eager=True, omp_threads_bind=bind,
                               kv_cache_space_gib=1)
         engine = VllmEngine(spec, args.model_dir.resolve(), EngineFlags(), args.out / "engine.log")
+        if cores is not None:  # the whole engine (its API server too) inherits the engine's cores
+            os.sched_setaffinity(0, cores.engine)
         with engine as facts:
-            print(f"server healthy in {facts.startup_s}s: {facts.base_url} ({facts.model})", flush=True)
+            os.sched_setaffinity(0, usable)
+            print(f"server healthy in {facts.startup_s}s: {facts.base_url} ({facts.model}); "
+                  f"engine on cores {bind}, clients on "
+                  f"{format_cores(cores.client) if cores else 'the same cores'}", flush=True)
             rows = compare(facts.base_url, facts.model, tokenizer, profile, users, args.out,
-                           **sizes)
+                           **sizes, cores=cores)
     (args.out / "fidelity.json").write_text(json.dumps(rows, indent=1))
     print_table(rows)
     return 0 if all(row["within_goal"] for row in rows) else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from infra.cores import CorePlan
 from load import benchmark_fidelity, benchmark_overhead
 from load.profile import LoadProfile
 
@@ -39,16 +40,20 @@ def test_fidelity_warms_up_alternates_pairs_rounds_and_never_replays_prompts(
         fake_openai, tmp_path, monkeypatch, capsys):
     calls = []
 
-    def vllm_side(base_url, model, tokenizer, profile, users, out):
+    plan = CorePlan.unplanned()
+
+    def vllm_side(base_url, model, tokenizer, profile, users, out, cores=None):
         # Stands in for `vllm bench serve`: the same work through quantgate's own client.
+        assert cores is plan  # both clients run on the cores the plan gives them
         calls.append((profile.seed, profile.requests, profile.warmup_requests))
-        return benchmark_fidelity.quantgate_side(base_url, model, profile, users, out)
+        return benchmark_fidelity.quantgate_side(base_url, model, profile, users, out, cores)
 
     monkeypatch.setattr(benchmark_fidelity, "vllm_side", vllm_side)
     profile = LoadProfile(low_users=2, high_users=2, prompt_tokens=16, output_tokens=4,
                           requests=1, warmup_requests=1, request_timeout_s=10, seed=3)
     rows = benchmark_fidelity.compare(fake_openai.base_url, "fake-model", "tok", profile, [2],
-                                      tmp_path, rounds=3, requests_per_user=3, warmup_per_user=1)
+                                      tmp_path, rounds=3, requests_per_user=3, warmup_per_user=1,
+                                      cores=plan)
     (row,) = rows
     assert row["order"] == ["quantgate", "vllm", "vllm", "quantgate", "quantgate", "vllm"]
     assert (tmp_path / "c2-warmup" / "samples_c2.jsonl").exists()
