@@ -55,6 +55,7 @@ MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
 # vocabulary the demo models use (SmolLM2 has 49,152), so every id is an ordinary token.
 TOKEN_ID_MIN = int(os.environ.get("QG_TOKEN_ID_MIN", "1000"))
 TOKEN_ID_MAX = int(os.environ.get("QG_TOKEN_ID_MAX", "40000"))
+TOKEN_IDS = range(TOKEN_ID_MIN, TOKEN_ID_MAX + 1)
 SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
 # Fields every request adds, e.g. a structured_output stage's response_format (guided decoding).
 REQUEST_BODY = json.loads(os.environ.get("QG_REQUEST_BODY") or "{}")
@@ -69,7 +70,7 @@ if os.environ.get("OPENAI_API_KEY"):
     JSON_HEADERS["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
 # A chunk that carries no token: vLLM's final usage chunk (compact JSON) or one written with
 # spaces. Inside a JSON string these quotes would be escaped, so a token's text cannot match.
-NO_CHOICES = (b'"choices":[]', b'"choices": []')
+NO_CHOICES, NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
 _user_numbers = itertools.count()
 _tickets = itertools.count()
@@ -215,13 +216,15 @@ class CompletionsUser(FastHttpUser):
         self._worker = _worker_name(self.environment)
 
     def _prompt(self) -> list[int]:
+        # One call for the whole prompt (randint per token was the client's largest cost, and
+        # every user's work delays the other users' reads).
         pool = _state["prompts"]
         if not pool:
-            return [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(PROMPT_TOKENS)]
+            return self._rng.choices(TOKEN_IDS, k=PROMPT_TOKENS)
         # A replayed prompt, drawn with replacement (its set's length distribution). One random
         # token after the first makes a repeat miss the prefix cache, as random prompts do.
         ids = pool[self._rng.randrange(len(pool))]
-        return ids[:1] + [self._rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX)] + ids[1:]
+        return ids[:1] + self._rng.choices(TOKEN_IDS) + ids[1:]
 
     def _wait_for_arrival(self) -> float | None:
         """Wait until every user is spawned; then, open loop only, sleep until this user's next
@@ -357,42 +360,61 @@ class StreamTimes:
 
 
 def read_stream(raw, times: StreamTimes) -> None:
-    """Read an SSE body line by line into `times` (a sized read would wait for bytes and smear TTFT).
+    """Read an SSE body into `times` as it arrives: each receive's complete lines at once, all
+    stamped with the time that receive returned.
 
-    Token chunks are only recognised, never parsed: JSON is decoded for the few lines that
-    are not tokens (usage, errors).
+    A sized read would wait for bytes and smear TTFT; a line at a time (the HTTP library's
+    readline copies and trims its buffer per line) stamped the later lines of one receive with
+    the client's own parsing time, and kept the other users waiting. Token chunks are only
+    recognised, never parsed: JSON is decoded for the few lines that are not tokens.
     """
     clock = time.perf_counter
-    readline = raw.readline
+    body = raw._body_buffer  # what geventhttpclient's parser has de-chunked so far
+    now = clock()  # the headers' receive may have brought the first lines along
+    partial = b""
     while True:
-        line = readline(b"\n")
+        if body:
+            data = partial + bytes(body)
+            del body[:]
+            *lines, partial = data.split(b"\n")
+            for line in lines:  # events and the blank lines between them
+                if line[:5] == b"data:" and _data_line(line, now, times):
+                    return
+        if raw.message_complete or raw._sock is None:
+            break
+        received = raw._sock.recv(raw.block_size)
         now = clock()
-        if not line:
+        if not received:  # the server closed the connection
             break
-        if line[:5] != b"data:":
-            continue
-        data = line[5:].strip()
-        if data[:1] == b"{" and b'"choices":' in data and not any(m in data for m in NO_CHOICES):
-            times.token(now)
-            continue
-        if data == b"[DONE]":
-            times.end = now
-            times.done = True
-            break
-        event = json.loads(data)
-        if event.get("usage"):
-            times.usage_tokens = event["usage"].get("completion_tokens")
-        if event.get("choices"):  # a token chunk written some other way
-            times.token(now)
-        elif "error" in event or event.get("object") == "error":
-            times.error = f"stream error: {event.get('error', event)}"
-            times.end = now
-            return
+        raw.feed(received)
     if times.first is None:
         times.error = "stream ended without a token"
     elif not times.done:
         # An engine that dies mid-answer: a cut stream is a failure, not a short answer.
         times.error = f"stream cut after {times.chunks} tokens (no [DONE])"
+
+
+def _data_line(line: bytes, now: float, times: StreamTimes) -> bool:
+    """One SSE data line into `times`; True when the stream is over ([DONE] or an error event)."""
+    data = line[5:].strip()
+    if (data[:1] == b"{" and b'"choices":' in data and NO_CHOICES not in data
+            and NO_CHOICES_SPACED not in data):
+        times.token(now)
+        return False
+    if data == b"[DONE]":
+        times.end = now
+        times.done = True
+        return True
+    event = json.loads(data)
+    if event.get("usage"):
+        times.usage_tokens = event["usage"].get("completion_tokens")
+    if event.get("choices"):  # a token chunk written some other way
+        times.token(now)
+    elif "error" in event or event.get("object") == "error":
+        times.error = f"stream error: {event.get('error', event)}"
+        times.end = now
+        return True
+    return False
 
 
 def _body_head(resp) -> str:

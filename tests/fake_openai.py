@@ -15,6 +15,10 @@ class FakeOpenAI:
     Every `token_delay_s` one token chunk is sent; `error_fraction` of the completion requests
     (spread evenly, deterministically) answer HTTP 500 instead. `compact_json` writes chunks as
     vLLM does (no spaces: `"choices":[]`); `token_text` is the text of every token chunk.
+    A stream may also end early after `end_after_tokens` tokens: with an error event
+    (`end_with="error"`, as vLLM reports a failure mid-stream) or with the connection cut
+    (`end_with="cut"`, an engine that died). `split_events` sends each event in two writes, a
+    pause between them, so that a client receives lines in pieces.
     """
 
     def __init__(
@@ -26,6 +30,9 @@ class FakeOpenAI:
         include_usage: bool = True,
         compact_json: bool = False,
         token_text: str = " tok",
+        end_after_tokens: int | None = None,
+        end_with: str = "cut",
+        split_events: bool = False,
     ) -> None:
         self.model = model
         self.token_delay_s = token_delay_s
@@ -34,6 +41,9 @@ class FakeOpenAI:
         self.include_usage = include_usage
         self.compact_json = compact_json
         self.token_text = token_text
+        self.end_after_tokens = end_after_tokens
+        self.end_with = end_with
+        self.split_events = split_events
         self.requests: list[dict[str, Any]] = []
         self.errors_sent = 0
         self._lock = threading.Lock()
@@ -139,6 +149,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         time.sleep(fake.first_token_delay_s)
         for index in range(max_tokens):
+            if index == fake.end_after_tokens:
+                if fake.end_with == "error":
+                    self._event({"error": {"message": "injected mid-stream failure"}})
+                    self._send(b"data: [DONE]\n\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                else:  # no [DONE], no chunked terminator: the engine is gone
+                    self.close_connection = True
+                return
             time.sleep(fake.token_delay_s)
             finish = "length" if index == max_tokens - 1 else None
             chunk = _chunk(fake.model, [{"index": 0, "text": fake.token_text, "finish_reason": finish}])
@@ -155,6 +174,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(b"data: " + json.dumps(payload, separators=separators).encode() + b"\n\n")
 
     def _send(self, data: bytes) -> None:
+        if self.server_state.split_events:  # two HTTP chunks, the line broken between them
+            half = len(data) // 2
+            for piece in (data[:half], data[half:]):
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.003)
+            return
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 

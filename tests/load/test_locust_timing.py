@@ -50,3 +50,23 @@ def test_closed_loop_users_send_their_first_requests_together(fake_openai, tmp_p
     samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "high", 3, tmp_path)
     first_three = sorted(s.start_s for s in samples)[:3]
     assert first_three[-1] - first_three[0] < 0.1
+
+
+@pytest.mark.parametrize("end_with, error", [
+    ("cut", "stream cut after 2 tokens (no [DONE])"),
+    ("error", "stream error: {'message': 'injected mid-stream failure'}"),
+])
+def test_a_stream_that_ends_early_is_a_failed_request(fake_openai, tmp_path, end_with, error):
+    fake_openai.end_after_tokens, fake_openai.end_with = 2, end_with
+    samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "low", 1, tmp_path)
+    assert len(samples) == 9 and {s.error for s in samples} == {error}
+
+
+def test_lines_received_in_pieces_are_read_whole_and_timed_when_complete(fake_openai, tmp_path):
+    # Each event arrives in two receives 3 ms apart: a token counts once, at its second half.
+    fake_openai.split_events = True
+    fake_openai.token_delay_s = 0.01
+    samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "low", 1, tmp_path)
+    assert all(s.error is None for s in samples) and {s.output_tokens for s in samples} == {5}
+    assert {len(s.itl_ms) for s in samples} == {4}
+    assert all(13 <= s.ttft_ms < 150 for s in samples)  # 10 ms step + 3 ms until the line ends
