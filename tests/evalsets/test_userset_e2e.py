@@ -6,33 +6,13 @@ acceptance tree judges the quantized stages on the same load and policy)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
+from tests.flows.test_acceptance_e2e import MODELS, free_port, quantgate
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def quantgate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}",
-                        "QG_RESULTS_DIR": str(cwd / "runs"), "QG_REPORTS_DIR": str(cwd / "reports"),
-                        "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=3000)
 
 
 @pytest.fixture(scope="module")
