@@ -12,9 +12,9 @@ favour one side (see `compare`).
 
 The engine it starts runs on cores of its own and both clients on the rest (`--shared-cores`: all
 on every core, as quantgate runs below 4 cores). Sharing, a client's own CPU time is taken from
-the engine's threads: on 2 cores vLLM's heavier client slowed the engine it timed, and read TTFT
-7 % and TPOT 9 % above Locust at concurrency 1, a difference in the clients' cost to the engine,
-not in what they read.
+the engine's threads: on 2 cores vLLM's heavier client slowed the engine it timed (TTFT up to 7 %
+and TPOT up to 9 % above Locust at concurrency 1, per-round ratios from 0.71 to 1.04), a
+difference in the clients' cost to the engine, not in what they read.
 """
 
 from __future__ import annotations
