@@ -152,9 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
             if index == fake.end_after_tokens:
                 if fake.end_with == "error":
                     self._event({"error": {"message": "injected mid-stream failure"}})
-                    self._send(b"data: [DONE]\n\n")
-                    self.wfile.write(b"0\r\n\r\n")
-                    self.wfile.flush()
+                    self._end_stream()
                 else:  # no [DONE], no chunked terminator: the engine is gone
                     self.close_connection = True
                 return
@@ -165,6 +163,10 @@ class _Handler(BaseHTTPRequestHandler):
         usage = body.get("stream_options", {}).get("include_usage")
         if fake.include_usage and usage:
             self._event(_chunk(fake.model, [], _usage(prompt_tokens, max_tokens)))
+        self._end_stream()
+
+    def _end_stream(self) -> None:
+        """[DONE], then the chunked body's terminator."""
         self._send(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
