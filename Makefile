@@ -23,7 +23,10 @@ export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
 # build lies there: PyPI has none) from pip's own setting.
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
-export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+# Expanded once (`:=`): an exported `?=` variable would ask pip again for every recipe line.
+ifndef UV_FIND_LINKS
+export UV_FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+endif
 
 # uv itself lives in the main venv (made here when missing, or a venv pip made before gets it).
 $(UV):
