@@ -33,9 +33,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SANDBOX_DIR = "/tmp/sandbox"  # where the work directory appears inside the mount namespace
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -205,13 +207,31 @@ def _limits_and_confinement(
     return confine
 
 
+UIDS_PER_PROCESS = 200
 _run_counter = itertools.count()
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
 
 
 def _sandbox_uid() -> int:
     """A uid no account uses, fresh for each run: its processes (zombies of an earlier run
-    included, which would count against RLIMIT_NPROC) are exactly this run's to kill."""
-    return 200_000 + (os.getpid() % 4000) * 200 + next(_run_counter) % 200
+    included, which would count against RLIMIT_NPROC) are exactly this run's to kill. Never one
+    a run still going holds: runs go in parallel (`run_untrusted_many`), and a slow one must not
+    be killed by, or count against, a later run that drew its uid. Give it back with
+    `_release_uid`."""
+    with _uids_lock:
+        for _ in range(UIDS_PER_PROCESS):
+            uid = 200_000 + (os.getpid() % 4000) * UIDS_PER_PROCESS + next(_run_counter) % UIDS_PER_PROCESS
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+    raise RuntimeError(f"all {UIDS_PER_PROCESS} sandbox uids of this process are in use; "
+                       "run fewer sandboxes at once")
+
+
+def _release_uid(uid: int) -> None:
+    with _uids_lock:
+        _uids_in_use.discard(uid)
 
 
 _KILL_ALL = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
@@ -303,6 +323,7 @@ def isolation() -> Isolation:
                 pass
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
+                _release_uid(uid)
     return Isolation(False, False, False, False, sys.executable)
 
 
@@ -423,6 +444,26 @@ def run_untrusted(
         )
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        _release_uid(uid)
+
+
+def run_untrusted_many(jobs: Sequence[tuple[str, str]], workers: int | None = None,
+                       **limits: Any) -> list[SandboxResult]:
+    """`run_untrusted` for many (code, tests) pairs, `workers` at a time (default: one per CPU
+    this process may use, at most 16); results in the order of `jobs`. Each run is as contained
+    as a lone one: its own process, limits, namespaces and uid.
+
+    Threads only wait on their processes. The child's preexec_fn runs between fork and exec
+    and makes only syscalls, through their wrappers (setrlimit, unshare, mount, setuid), so a
+    lock another thread held at the fork cannot stall it; the isolation probe runs once, before
+    the threads start."""
+    if not jobs:
+        return []
+    isolation()
+    workers = workers or min(16, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs)),
+                            thread_name_prefix="qg-sandbox") as pool:
+        return list(pool.map(lambda job: run_untrusted(*job, **limits), jobs))
 
 
 def _prepare(base: Path, code: str, tests: str, layers: Isolation, uid: int) -> Path:

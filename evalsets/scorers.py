@@ -13,9 +13,20 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evalsets.business.grading import score_json as _business_score_json
+from evalsets.code.grading import extract_code
+from evalsets.code_tests import (
+    CONVENTIONS,
+    TESTS_STYLES,
+    CodeTask,
+    UnusableTests,
+    build_task,
+    detect_style,
+    prove,
+)
+from infra.errors import did_you_mean
 
 # Quotes, markdown emphasis and trailing punctuation a model wraps a short answer in.
 _WRAPPING = " \t\r\n\"'`*_"
@@ -68,11 +79,13 @@ def score_json(response: str, schema: dict, expected: dict | None = None) -> boo
     return _business_score_json(response, json.dumps(expected or {}), json.dumps(schema))
 
 
-def score_code(response: str, tests: str, entry_point: str) -> bool:
-    """The code in the response passes the row's asserts in the sandbox."""
-    from evalsets.code.grading import grade
-
-    return grade(response, entry_point, tests).passed
+def score_code(response: str, tests: Any, entry_point: str, prefix: str = "",
+               tests_style: str = "auto", setup: Any = "") -> bool:
+    """The code in the response passes the tests in the sandbox: plain asserts, HumanEval's
+    check(candidate) (called on `entry_point`, the answer continuing `prefix`, HumanEval's
+    prompt) or MBPP's list of asserts; see evalsets.code_tests."""
+    task = build_task(tests, entry_point, tests_style, setup, prefix)
+    return task.run(extract_code(response, entry_point)).passed
 
 
 def as_json(value: Any) -> Any:
@@ -97,6 +110,11 @@ class _Scorer(BaseModel):
 
     def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
         """(field, why) when the scorer cannot use this row (checked before any engine starts)."""
+        return None
+
+    def rows_problem(self, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str, str] | None:
+        """(row, field, why) of the first row a check of all rows at once finds unusable (the
+        code scorer runs each row's tests against a stub and a reference); after `problem`."""
         return None
 
 
@@ -235,20 +253,90 @@ class JsonScorer(_Scorer):
 
 
 class CodeScorer(_Scorer):
-    """The code in the answer passes the row's unit tests (asserts) in the sandbox."""
+    """The code in the answer passes the row's unit tests in the sandbox: plain asserts,
+    HumanEval's `check(candidate)` (run as check(<entry point>) after the tests) or MBPP's
+    `test_list`. At validate every row's tests must fail a stub of the entry point and pass the
+    row's reference solution, where it has one."""
 
     kind: Literal["code"]
-    tests_field: str = Field(default="tests", description="Row field with the asserts.")
-    entry_point_field: str = Field(default="entry_point",
-                                   description="Row field with the function name the tests call.")
+    tests_field: str = Field(default="tests", description="Row field with the tests.")
+    tests_style: Literal["auto", "asserts", "humaneval", "mbpp"] = Field(
+        default="auto", description="How the tests are run: 'asserts' as they are, 'humaneval' "
+                                    "then check(<entry point>), 'mbpp' a list of asserts; "
+                                    "'auto' tells each row's from its tests.")
+    entry_point_field: str | None = Field(
+        default="entry_point", description="Row field with the function name the tests call; "
+                                           "null: the first function they call (MBPP).")
+    prefix_field: str | None = Field(
+        default=None, description="Row field with the code the answer continues (signature and "
+                                  "docstring); default: 'prompt' for HumanEval tests.")
+    setup_field: str | None = Field(
+        default=None, description="Row field with code run before the tests; default: MBPP's "
+                                  "test_setup_code or test_imports.")
+    reference_field: str | None = Field(
+        default=None, description="Row field with a solution that must pass the tests at "
+                                  "validate; default: canonical_solution (MBPP: code) where a "
+                                  "row has one.")
+
+    @field_validator("tests_style", mode="before")
+    @classmethod
+    def _known_style(cls, value: Any) -> Any:
+        if value not in TESTS_STYLES:
+            raise ValueError(f"tests_style {value!r}: {did_you_mean(str(value), TESTS_STYLES)}")
+        return value
 
     @property
     def fields(self) -> list[str]:
-        return [self.tests_field, self.entry_point_field]
+        named = [self.entry_point_field, self.prefix_field, self.reference_field]
+        return [self.tests_field, *[name for name in named if name]]
+
+    def _style(self, row: dict[str, Any]) -> str:
+        return detect_style(row[self.tests_field]) if self.tests_style == "auto" else self.tests_style
+
+    def _source(self, row: dict[str, Any], part: str) -> tuple[str | None, Any]:
+        """(field, value) of a part ('prefix', 'setup', 'reference'): the field the spec names,
+        else the first of its convention's fields the row fills, else (None, '')."""
+        named = {"prefix": self.prefix_field, "setup": self.setup_field,
+                 "reference": self.reference_field}[part]
+        if named:
+            return named, row[named]
+        defaults = getattr(CONVENTIONS[self._style(row)], part)
+        return next(((name, row[name]) for name in defaults
+                     if row.get(name) is not None and str(row[name]).strip()), (None, ""))
+
+    def task(self, row: dict[str, Any]) -> CodeTask:
+        """The row's tests in runnable form; UnusableTests says why they cannot run."""
+        entry_point = str(row[self.entry_point_field]).strip() if self.entry_point_field else None
+        return build_task(row[self.tests_field], entry_point, self._style(row),
+                          self._source(row, "setup")[1], str(self._source(row, "prefix")[1]))
 
     def score(self, response: str, row: dict[str, Any]) -> float:
-        return float(score_code(response, str(row[self.tests_field]),
-                                str(row[self.entry_point_field])))
+        task = self.task(row)
+        return float(task.run(extract_code(response, task.entry_point)).passed)
+
+    def _field(self, row: dict[str, Any], part: str) -> str:
+        """The row field a part of the tests came from, for the error line."""
+        if part == "entry_point" and self.entry_point_field:
+            return self.entry_point_field
+        if part in ("prefix", "setup", "reference"):
+            return self._source(row, part)[0] or self.tests_field
+        return self.tests_field
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        try:
+            self.task(row)
+        except UnusableTests as exc:
+            return self._field(row, exc.part), str(exc)
+        return None
+
+    def rows_problem(self, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str, str] | None:
+        references = [self._source(row, "reference") for row in rows]
+        found = prove([self.task(row) for row in rows],
+                      [str(code) if field else None for field, code in references])
+        if found is None:
+            return None
+        row = rows[found.index]
+        return row, self._field(row, found.part), found.why
 
 
 class ChoiceScorer(_Scorer):

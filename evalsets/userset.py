@@ -147,22 +147,29 @@ def contract(info: EvalSetInfo) -> Any:
     return Contract(id=info.id_field, prompt=[prompt_field(info)], reference=info.scorer.fields)
 
 
+def _row_error(info: EvalSetInfo, row: dict, field: str, why: str) -> SpecError:
+    return SpecError(f"{info.data_file}:{row[LINE]}: field {field!r} "
+                     f"(id {str(row.get(info.id_field))!r}): {why}")
+
+
 def check_rows(info: EvalSetInfo, rows: list[dict]) -> None:
     """What the scorer needs of each row beyond presence (a number, a schema, a list of
-    choices, a dialogue ending with the user's turn); SpecError names file, line and field."""
+    choices, a dialogue ending with the user's turn, code tests that fail a stub and pass the
+    reference); SpecError names file, line and field."""
     field = prompt_field(info)
     for row in rows:
-        where = f"{info.data_file}:{row[LINE]}"
-        ident = f"id {str(row.get(info.id_field))!r}"
         if field == MESSAGES:
             try:
                 prompt_text(info, row, field)
             except (SpecError, ValueError) as exc:
-                raise SpecError(f"{where}: field {MESSAGES!r} ({ident}): "
-                                f"{str(exc).removeprefix('dialogue: ')}") from exc
+                raise _row_error(info, row, MESSAGES,
+                                 str(exc).removeprefix("dialogue: ")) from exc
         problem = info.scorer.problem(row)
         if problem is not None:
-            raise SpecError(f"{where}: field {problem[0]!r} ({ident}): {problem[1]}")
+            raise _row_error(info, row, *problem)
+    found = info.scorer.rows_problem(rows)
+    if found is not None:
+        raise _row_error(info, *found)
 
 
 def task_yaml(info: EvalSetInfo) -> dict[str, Any]:

@@ -184,3 +184,38 @@ def test_without_a_network_namespace_the_socket_guard_refuses(monkeypatch):
     assert not result.passed
     assert "network access is disabled" in result.reason
     assert "socket guard only" in result.isolation
+
+
+def test_runs_in_parallel_keep_their_order_and_never_share_a_uid():
+    code = "import os, time\nprint(os.getuid(), flush=True)\ntime.sleep(0.5)\n"
+    jobs = [(code, "assert True\n"), (code, "assert False\n")] * 3
+    results = sandbox.run_untrusted_many(jobs, workers=6)
+    assert [result.passed for result in results] == [True, False] * 3
+    assert all(result.isolation == sandbox.isolation().describe() for result in results)
+    if sandbox.isolation().drop_uid:
+        assert len({result.stdout for result in results}) == len(jobs)  # all six ran at once
+
+
+def test_a_uid_a_run_still_holds_is_not_drawn_again(monkeypatch):
+    held = sandbox._sandbox_uid()
+    try:
+        # The counter comes round to the held uid: the next run skips it.
+        index = (held - 200_000) % sandbox.UIDS_PER_PROCESS
+        monkeypatch.setattr(sandbox, "_run_counter", iter(range(index, index + 10)))
+        drawn = sandbox._sandbox_uid()
+        sandbox._release_uid(drawn)
+        assert drawn != held
+    finally:
+        sandbox._release_uid(held)
+
+
+@strong
+def test_a_fork_bomb_among_parallel_runs_harms_none_of_the_others():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    jobs = [(bomb, "pass\n")] + [("def f():\n    return 1\n", "assert f() == 1\n")] * 5
+    results = sandbox.run_untrusted_many(jobs, workers=6, timeout_s=LIMIT_S, max_processes=8)
+    assert not results[0].passed and [result.passed for result in results[1:]] == [True] * 5
+    deadline = time.monotonic() + 5
+    while _leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers() == []

@@ -118,3 +118,16 @@ def test_choice_gold_is_an_index_or_the_text_of_a_choice():
 def test_unknown_kind_is_named():
     with pytest.raises(ValidationError, match="exact.*regex.*numeric.*json.*code.*choice"):
         scorer(kind="fuzzy")
+
+
+def test_code_tests_style_names_its_choices():
+    assert scorer(kind="code", tests_style="humaneval").tests_style == "humaneval"
+    with pytest.raises(ValidationError, match="tests_style 'human-eval': did you mean 'humaneval'"
+                                              r"\? \(valid: asserts, auto, humaneval, mbpp\)"):
+        scorer(kind="code", tests_style="human-eval")
+
+
+def test_code_scorer_fields_are_what_the_contract_requires():
+    assert scorer(kind="code").fields == ["tests", "entry_point"]
+    assert scorer(kind="code", tests_field="test_list", entry_point_field=None,
+                  reference_field="code").fields == ["test_list", "code"]
