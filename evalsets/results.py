@@ -24,6 +24,10 @@ class QualityItem(BaseModel):
     group: str | None = Field(
         default=None, description="Sub-group for per-group curves, e.g. a long-context length bucket."
     )
+    cluster: str | None = Field(
+        default=None, description="Cluster of near-duplicate items (a template, a source document): "
+        "items of one cluster are not independent, and intervals resample them together."
+    )
 
 
 class TaskQuality(BaseModel):
@@ -139,6 +143,11 @@ class QualityResult(BaseModel):
         default_factory=dict, description="Items scored after the first look (adaptive), per set."
     )
     added_s: float = Field(default=0.0, description="Seconds spent scoring those items.")
+    look_sizes: list[dict[str, int]] = Field(
+        default_factory=list, description="Items per set at each earlier look, in order: a rule "
+        "that one of them decided stays decided (group-sequential), so the gates judge each look "
+        "on its own prefix of the items."
+    )
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
 from flows.plan import Stage, plan, searches_capacity
+from flows.power import check_decision_power
 from flows.service import host_limit
 from flows.settings import Settings
 from flows.spec import Spec, engine_api_key, load_spec
@@ -36,6 +37,7 @@ from gates.comparability import (
 )
 from gates.decide import decide
 from gates.divergence import divergence_checks, perplexity_checks
+from gates.latency import wants_more_rounds
 from gates.policy import GatePolicy, load_policy, precision_class, save_run_policy
 from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
@@ -91,6 +93,7 @@ class Prepared:
         self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
         self.power = check_power(self.spec, self.stages, self.pools, self.policy)
+        self.decision_power = check_decision_power(self.spec, self.stages, self.pools, self.policy)
 
 
 def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
@@ -218,14 +221,17 @@ def measure_load(facts: EngineFacts, profile: LoadProfile, folder: Path,
 def measure_paired_load(
     facts: EngineFacts, reference_facts: EngineFacts, reference: Stage, profile: LoadProfile,
     folder: Path, cores: CorePlan | None = None, request_body: dict | None = None,
-    salt: str = "",
+    salt: str = "", policy: GatePolicy | None = None,
 ) -> tuple[LoadResult, PairedLoad]:
     # Only the stage's side adds its request fields: the reference is asked as it always is.
+    # A required latency rule that the rounds leave unresolved gets more rounds (its budget).
     return run_paired_load(
         Server(facts.base_url, facts.model, request_body),
         Server(reference_facts.base_url, reference_facts.model),
         reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
         cores=cores, salt=salt,
+        more_rounds=None if policy is None else lambda paired, level: wants_more_rounds(
+            paired, level, policy),
     )
 
 
@@ -346,7 +352,8 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
             clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
                 facts, reference_facts, reference, profile, folder,
-                plan_for(spec.engine), stage.load_body or None, salt=stage.name)
+                plan_for(spec.engine), stage.load_body or None, salt=stage.name,
+                policy=prepared.policy)
 
 
 def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:

@@ -58,7 +58,8 @@ def grow_until_decided(
     base_record = StageRecord.read(baseline_folder)
     if base_record.quality is None:
         return quality
-    precision = precision_class(stage.axes.model_dump(exclude={"emulated"}))
+    axes = stage.axes.model_dump(exclude={"emulated"})
+    precision = precision_class(axes)
     parent = None
     if stage.parent != baseline.name:  # length is judged against the parent, as it was stored
         parent = StageRecord.read(results_dir / stage.parent).quality
@@ -67,9 +68,12 @@ def grow_until_decided(
     with contextlib.ExitStack() as stack:
         base_facts: EngineFacts | None = None
         while quality.looks < policy.quality.max_looks:
-            sizes = more_items(quality, base_record.quality, precision, policy, pools, parent)
+            sizes = more_items(quality, base_record.quality, precision, policy, pools, parent,
+                               axes)
             if sizes is None:
                 break
+            quality.look_sizes.append({name: len(task.items)
+                                       for name, task in quality.tasks.items()})
             quality.looks += 1
             # Not decided yet (accuracy or length): more items on the stage and the baseline.
             progress.line(f"stage {stage.name}: not decided yet, look {quality.looks} with "

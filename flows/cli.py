@@ -84,6 +84,8 @@ def validate(spec: Path) -> None:
     console.print(table)
     for plan in prepared.power:
         console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
+    for whole in prepared.decision_power:
+        console.print(f"power, {escape(whole.describe(prepared.policy.quality.power))}")
 
 
 @app.command("new-evalset")

@@ -1,16 +1,39 @@
-"""Accuracy rules: a pooled paired non-inferiority test against the baseline, and per-set harm."""
+"""Accuracy rules: pooled and per-set paired non-inferiority against the baseline, per group.
+
+The go needs every one of these (an intersection-union test: each at the look's level, so the
+chance of a false go stays within alpha however many there are):
+
+- the pooled rule over the sets that can vouch, at the precision class's margin;
+- every set on its own, at the set margin (a multiple of the pooled one: a set's own items can
+  resolve only a larger loss); a set near the ceiling is judged like any other, since it can
+  still lose points, and one at the floor (fewer right answers than the margin's worth) cannot
+  vouch and is shown;
+- every group of a set (the long-context length buckets) at the group margin, when the stage
+  serves a quantized KV cache (long context is where KV error shows) or the policy asks for
+  groups always; otherwise a group only fails on confident harm.
+
+A set's groups are strata of its interval; declared clusters widen every interval by their
+design effect (gates.noninferiority). A rule that its items cannot resolve is inconclusive and
+blocks, and the adaptive sample size grows the sets concerned while looks are left.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from evalsets.results import QualityItem, QualityResult
 from gates import stats
 from gates.length import length_checks, length_ratios
-from gates.noninferiority import Stratum, look_alpha, score_interval, simulated_power
+from gates.noninferiority import (
+    Stratum,
+    design_effect,
+    look_alpha,
+    score_interval,
+    simulated_power,
+)
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord, paired_items
 from gates.verdict import Check, judged, missing, points
@@ -20,6 +43,34 @@ Pairs = list[tuple[QualityItem, QualityItem]]
 
 def correct(item: QualityItem) -> bool:
     return item.score >= 0.5
+
+
+def serves_quantized_kv(axes: dict[str, str] | None) -> bool:
+    """The stage's KV cache is quantized (any dtype but the model's own)."""
+    return (axes or {}).get("kv_cache", "auto") not in ("auto", "none", "")
+
+
+def _differences(pairs: Pairs) -> list[int]:
+    return [int(correct(s)) - int(correct(b)) for b, s in pairs]
+
+
+def set_design_effect(pairs: Pairs) -> float:
+    """The set's design effect from its declared clusters (1 when none are declared)."""
+    clusters = [b.cluster if b.cluster is not None else f"item:{b.id}" for b, _ in pairs]
+    return design_effect(_differences(pairs), clusters)
+
+
+def _strata(pairs: Pairs, deff: float) -> list[Stratum]:
+    """One stratum per group (one for an ungrouped set), weighted by its share of the items."""
+    by_group: dict[str, Pairs] = {}
+    for pair in pairs:
+        by_group.setdefault(pair[0].group or "", []).append(pair)
+    out = []
+    for members in by_group.values():
+        diffs = _differences(members)
+        out.append(Stratum(len(members), sum(d < 0 for d in diffs), sum(d > 0 for d in diffs),
+                           weight=len(members) / len(pairs), design_effect=deff))
+    return out
 
 
 @dataclass
@@ -34,9 +85,12 @@ class SetCounts:
     fixed: int  # vs the baseline: wrong -> right
     parent_broke: int
     parent_fixed: int
+    strata: list[Stratum] = field(default_factory=list)
 
     @classmethod
-    def of(cls, rule: str, vs_baseline: Pairs, vs_parent: Pairs) -> SetCounts:
+    def of(cls, rule: str, vs_baseline: Pairs, vs_parent: Pairs,
+           deff: float | None = None) -> SetCounts:
+        deff = set_design_effect(vs_baseline) if deff is None else deff
         return cls(
             rule=rule, n=len(vs_baseline),
             baseline_correct=sum(correct(b) for b, _ in vs_baseline),
@@ -45,34 +99,37 @@ class SetCounts:
             fixed=sum(not correct(b) and correct(s) for b, s in vs_baseline),
             parent_broke=sum(correct(p) and not correct(s) for p, s in vs_parent),
             parent_fixed=sum(not correct(p) and correct(s) for p, s in vs_parent),
+            strata=_strata(vs_baseline, deff),
         )
 
     @property
-    def stratum(self) -> Stratum:
-        return Stratum(self.n, self.broke, self.fixed)
+    def design_effect(self) -> float:
+        return self.strata[0].design_effect if self.strata else 1.0
 
     def bound(self, margin: float) -> str | None:
         """Why this set cannot vouch at this margin, or None.
 
         At the floor the baseline gets fewer items right than the margin's worth, so even losing
-        every one of them is not a margin-sized drop; at the ceiling it gets fewer wrong, so the
-        set cannot show the stage at its worst either way.
-        """
-        room = math.ceil(margin * self.n)
-        if self.baseline_correct < room:
+        every one of them is not a margin-sized drop. A set near the ceiling can still lose
+        points (and its few flips resolve fast): it vouches like any other."""
+        if self.baseline_correct < math.ceil(margin * self.n):
             return f"at the floor: the baseline answers {self.baseline_correct}/{self.n} right"
-        if self.n - self.baseline_correct < room:
-            return f"at the ceiling: the baseline answers {self.baseline_correct}/{self.n} right"
         return None
 
     def summary(self) -> str:
+        clustered = (f"; clusters: design effect {self.design_effect:.2f}"
+                     if self.design_effect > 1 else "")
         return (f"{self.stage_correct}/{self.n} vs baseline {self.baseline_correct}/{self.n} "
-                f"({self.broke} right->wrong, {self.fixed} wrong->right)")
+                f"({self.broke} right->wrong, {self.fixed} wrong->right{clustered})")
 
 
 def _interval_text(estimate: float, low: float, high: float, level: float) -> str:
     return (f"paired diff {points(estimate)} pts, one-sided {1 - level:.1%} score bounds "
             f"[{points(low)}, {points(high)}]")
+
+
+def _outcome(low: float, high: float, margin: float) -> str:
+    return "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
 
 
 def _pooled(sets: list[SetCounts], margin: float, level: float,
@@ -81,9 +138,8 @@ def _pooled(sets: list[SetCounts], margin: float, level: float,
     vouching = [s for s in sets if s.bound(margin) is None]
     if not vouching:
         return vouching, None, "inconclusive"
-    estimate, low, high = score_interval([s.stratum for s in vouching], level)
-    outcome = "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
-    return vouching, (estimate, low, high), outcome
+    estimate, low, high = score_interval([st for s in vouching for st in s.strata], level)
+    return vouching, (estimate, low, high), _outcome(low, high, margin)
 
 
 def pooled_check(sets: list[SetCounts], margin: float, precision: str,
@@ -105,7 +161,7 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
     per_set = ", ".join(f"{s.rule.removeprefix('quality.')} {s.summary()}" for s in vouching)
     reason = (
         f"{_interval_text(estimate, low, high, level)} over {len(vouching)} sets "
-        f"({sum(sizes)} items, equal weights; {per_set}); "
+        f"({sum(sizes)} items, equal weights, groups as strata; {per_set}); "
         f"margin -{100 * margin:.0f} pts ({precision}); alpha {q.alpha} split over {q.max_looks} looks; "
         f"power {power:.0%} for an equivalent stage at {q.planning_discordance:.0%} flips{note}"
     )
@@ -118,51 +174,39 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
     })
 
 
-def set_check(s: SetCounts, p_holm: float, margin: float, required: bool,
-              policy: GatePolicy) -> Check:
-    """Per set: fails on confident harm or significant flips vs the parent.
+def set_check(s: SetCounts, margin: float, required: bool, policy: GatePolicy,
+              what: str = "set") -> Check:
+    """One set (or group) non-inferior at its own margin; unresolved blocks when required.
 
-    A set whose own interval cannot decide is advisory, unless its estimate is already worse
-    than the margin: such a set leans inferior, so it blocks (and gets more items) until its
-    interval clears it. Equal weights alone would let one collapsed set of four pass within a
-    pooled margin; this is what catches it without making every small set a coin toss."""
+    Flips against the parent (exact one-sided McNemar) are shown: they say which step broke
+    what, while the decision is the non-inferiority against the baseline."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
-    estimate, low, high = score_interval([s.stratum], level)
+    estimate, low, high = score_interval(s.strata, level)
     p_parent = stats.mcnemar_worse(s.parent_broke, s.parent_fixed)
     reason = (
-        f"accuracy {s.summary()}: {_interval_text(estimate, low, high, level)}, margin "
+        f"accuracy {s.summary()}: {_interval_text(estimate, low, high, level)}, {what} margin "
         f"-{100 * margin:.0f} pts; flips vs parent {s.parent_broke} right->wrong, "
-        f"{s.parent_fixed} wrong->right (McNemar p={p_parent:.3g}, Holm {p_holm:.3g})"
+        f"{s.parent_fixed} wrong->right (McNemar p={p_parent:.3g})"
     )
     details = {"n": s.n, "baseline_accuracy": s.baseline_correct / s.n,
                "stage_accuracy": s.stage_correct / s.n, "difference": estimate,
                "ci_low": low, "ci_high": high, "margin": margin, "broke": s.broke,
                "fixed": s.fixed, "parent_broke": s.parent_broke, "parent_fixed": s.parent_fixed,
-               "p_mcnemar": p_parent, "p_holm": p_holm}
+               "p_mcnemar": p_parent, "design_effect": s.design_effect}
     fields = {"value": low, "limit": -margin, "details": details}
-    if p_holm < q.alpha:
-        return judged(s.rule, "fail", required,
-                      f"significantly more right->wrong flips (Holm p < {q.alpha}): " + reason,
-                      **fields)
-    if high < -margin:
-        return judged(s.rule, "fail", required, "worse than the margin even at the upper bound: "
+    outcome = _outcome(low, high, margin)
+    if outcome == "fail":
+        return judged(s.rule, "fail", True, "worse than the margin even at the upper bound: "
                       + reason, **fields)
-    if s.bound(margin):
+    if s.bound(margin):  # it cannot lose the margin: shown, not a pass it did not earn
         return judged(s.rule, "inconclusive", False, f"{s.bound(margin)}, cannot vouch: " + reason,
                       **fields)
-    if low >= -margin:
+    if outcome == "pass":
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
-    if leans_inferior(s, margin):
-        return judged(s.rule, "inconclusive", True,
-                      f"leans inferior (estimate beyond the margin, not resolved): {reason}; "
-                      "score more items to decide", **fields)
     return judged(s.rule, "inconclusive", required,
-                  reason + " (the pooled rule quality.accuracy decides)", **fields)
-
-
-def leans_inferior(s: SetCounts, margin: float) -> bool:
-    return not s.bound(margin) and (s.fixed - s.broke) / s.n < -margin
+                  f"not resolved at the {what} margin: {reason}; score more items to decide",
+                  **fields)
 
 
 def measured_sets(stage: QualityResult, parent: QualityResult, baseline: QualityResult,
@@ -182,19 +226,63 @@ def measured_sets(stage: QualityResult, parent: QualityResult, baseline: Quality
     return paired, problems
 
 
+def _group_pairs(vs_baseline: Pairs, vs_parent: Pairs) -> dict[str, tuple[Pairs, Pairs]]:
+    out: dict[str, tuple[Pairs, Pairs]] = {}
+    for group in sorted({b.group for b, _ in vs_baseline if b.group}, key=natural_order):
+        in_group = [(b, s) for b, s in vs_baseline if b.group == group]
+        ids = {b.id for b, _ in in_group}
+        out[group] = (in_group, [(p, s) for p, s in vs_parent if s.id in ids])
+    return out
+
+
+def groups_required(axes: dict[str, str] | None, policy: GatePolicy) -> bool:
+    return policy.quality.long_context_required or serves_quantized_kv(axes)
+
+
 def quality_checks(
     stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy
 ) -> list[Check]:
-    """The pooled non-inferiority rule, then per set and per group: harm and flips."""
+    """The accuracy rules, group-sequentially: each rule is judged at every look on the items
+    that look had (`QualityResult.look_sizes`), and the first look that decides it (pass or
+    fail on its interval) is its verdict; a rule no look decided takes the last look's. With
+    the level split over the planned looks, a false pass at any look stays within alpha, and a
+    rule that passed is not undone by the items later scored for another."""
+    final = checks_at_look(stage, parent, baseline, policy)
+    earlier = stage.quality.look_sizes if stage.quality is not None else []
+    decided: dict[str, Check] = {}
+    for look, sizes in enumerate(earlier, start=1):
+        for check in checks_at_look(_prefix(stage, sizes), parent, baseline, policy):
+            if (check.rule not in decided and check.status in ("pass", "fail")
+                    and "ci_low" in check.details):
+                items = check.details.get("n")
+                check.reason = f"decided at look {look} ({items} items): {check.reason}"
+                decided[check.rule] = check
+    return [decided.get(check.rule, check) for check in final]
+
+
+def _prefix(stage: StageRecord, sizes: dict[str, int]) -> StageRecord:
+    """The stage as an earlier look saw it: the first items of each set."""
+    quality = stage.quality
+    tasks = {name: task.model_copy(update={"items": task.items[:sizes.get(name, len(task.items))]})
+             for name, task in quality.tasks.items()}
+    return stage.model_copy(update={"quality": quality.model_copy(update={"tasks": tasks})})
+
+
+def checks_at_look(
+    stage: StageRecord, parent: StageRecord, baseline: StageRecord, policy: GatePolicy
+) -> list[Check]:
+    """The pooled non-inferiority rule, then every set and (for KV stages) every group."""
     q = policy.quality
     if stage.quality is None or parent.quality is None or baseline.quality is None:
         return [missing("quality", "quality")]
     precision = precision_class(stage.axes)
     margin = policy.tolerance(precision).accuracy_margin
+    set_margin, group_margin = margin * q.set_margin_factor, margin * q.group_margin_factor
+    per_group = groups_required(stage.axes, policy)
     paired, problems = measured_sets(stage.quality, parent.quality, baseline.quality)
     checks = [missing(f"quality.{name}", problem) for name, problem in problems.items()]
     sets: list[SetCounts] = []
-    groups: list[SetCounts] = []
+    group_checks: list[Check] = []
     for name, (vs_baseline, vs_parent) in paired.items():
         rule = f"quality.{name}"
         n = min(len(vs_baseline), len(vs_parent))
@@ -204,31 +292,25 @@ def quality_checks(
                 reason=f"only {n} paired items (< {q.min_items}): cannot decide, fail closed",
             ))
             continue
-        sets.append(SetCounts.of(rule, vs_baseline, vs_parent))
-        for group in sorted({b.group for b, _ in vs_baseline if b.group}, key=natural_order):
-            in_group = [(b, s) for b, s in vs_baseline if b.group == group]
-            ids = {b.id for b, _ in in_group}
-            counts = SetCounts.of(f"{rule}.{group}", in_group,
-                                  [(p, s) for p, s in vs_parent if s.id in ids])
-            if counts.n < q.min_items:
-                checks.append(judged(
-                    counts.rule, "inconclusive", q.long_context_required,
-                    f"only {counts.n} paired items in group {group!r} (< {q.min_items}): "
-                    f"{counts.summary()}", value=counts.n, limit=q.min_items,
-                    details={"n": counts.n, "baseline_accuracy": counts.baseline_correct / counts.n,
-                             "stage_accuracy": counts.stage_correct / counts.n},
-                ))
+        counts = SetCounts.of(rule, vs_baseline, vs_parent)
+        sets.append(counts)
+        for group, (in_group, of_parent) in _group_pairs(vs_baseline, vs_parent).items():
+            g = SetCounts.of(f"{rule}.{group}", in_group, of_parent, deff=counts.design_effect)
+            if g.n < q.min_items:
+                group_checks.append(judged(
+                    g.rule, "inconclusive", per_group,
+                    f"only {g.n} paired items in group {group!r} (< {q.min_items}): "
+                    f"{g.summary()}", value=g.n, limit=q.min_items,
+                    details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
+                             "stage_accuracy": g.stage_correct / g.n}))
                 continue
-            groups.append(counts)
+            group_checks.append(set_check(g, group_margin, per_group, policy, "group"))
     if not problems and sets:
         checks.insert(0, pooled_check(sets, margin, precision, policy))
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    measured = [(s, False) for s in sets] + [(g, q.long_context_required) for g in groups]
-    adjusted = stats.holm({s.rule: stats.mcnemar_worse(s.parent_broke, s.parent_fixed)
-                           for s, _ in measured})
-    checks += [set_check(s, adjusted[s.rule], margin, required, policy) for s, required in measured]
-    return checks
+    checks += [set_check(s, set_margin, True, policy) for s in sets]
+    return checks + group_checks
 
 
 def natural_order(label: str) -> tuple:
@@ -283,16 +365,20 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
 
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
                policy: GatePolicy, pools: dict[str, int],
-               parent: QualityResult | None = None) -> dict[str, int] | None:
+               parent: QualityResult | None = None,
+               axes: dict[str, str] | None = None) -> dict[str, int] | None:
     """The items per set for the next look, or None when nothing is left to decide or to grow.
 
-    Every set grows while the pooled rule is inconclusive; otherwise only the sets that cannot
-    vouch yet (floor or ceiling) or lean inferior without a decision do. While the required
-    length rule against the parent is inconclusive, the sets in which some answer changed length
-    grow, as far as the parent's answers reach (`parent` None: the parent is the baseline, which
-    is served again for them)."""
+    Every set grows while the pooled rule is inconclusive; otherwise the sets whose own rule is
+    unresolved at the set margin, or (for a stage judged per group: `axes` serve a quantized KV
+    cache) one of whose groups is unresolved or too small, grow: a set's items are interleaved
+    across its groups, so growing the set grows every group of it. While the required length
+    rule against the parent is inconclusive, the sets in which some answer changed length grow,
+    as far as the parent's answers reach (`parent` None: the parent is the baseline, which is
+    served again for them)."""
+    q = policy.quality
     margin = policy.tolerance(precision).accuracy_margin
-    level = look_alpha(policy.quality.alpha, policy.quality.max_looks)
+    level = look_alpha(q.alpha, q.max_looks)
     paired, problems = measured_sets(stage, baseline, baseline)
     if problems or not paired:
         return None
@@ -300,35 +386,62 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
             for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
-    if _pooled(list(sets.values()), margin, level)[2] == "inconclusive":  # no power to print
-        growing = list(sets)
+    per_group = policy.quality.long_context_required or serves_quantized_kv(axes)
+
+    def unresolved(counts: SetCounts, at: float) -> bool:
+        if counts.n < q.min_items:
+            return True
+        return not counts.bound(at) and _outcome(*score_interval(counts.strata, level)[1:],
+                                                 at) == "inconclusive"
+
+    def group_unresolved(name: str) -> bool:
+        vs_baseline, vs_parent = paired[name]
+        deff = sets[name].design_effect
+        return any(unresolved(SetCounts.of(name, g_base, g_parent, deff), margin *
+                              q.group_margin_factor)
+                   for g_base, g_parent in _group_pairs(vs_baseline, vs_parent).values())
+
+    if _pooled(list(sets.values()), margin, level)[2] == "inconclusive":
+        growing = set(sets)
     else:
-        growing = [name for name, counts in sets.items() if counts.bound(margin) or (
-            leans_inferior(counts, margin) and score_interval([counts.stratum], level)[2] >= -margin)]
-    if not growing and policy.length.required:
-        growing = [name for name in _length_growth(stage, parent or baseline, policy)
-                   if name in sets]
-        if parent is not None:
-            limits = {name: min(limits[name], len(parent.tasks[name].items))
-                      for name in sizes if name in parent.tasks}
+        growing = {name for name, counts in sets.items()
+                   if unresolved(counts, margin * q.set_margin_factor)
+                   or (per_group and group_unresolved(name))}
     grown = dict(sizes)
     for name in growing:
-        if name in limits:
-            grown[name] = max(sizes[name], min(limits[name],
-                                               math.ceil(sizes[name] * policy.quality.growth)))
+        grown[name] = max(sizes[name], min(limits[name], math.ceil(sizes[name] * q.growth)))
+    if policy.length.required:
+        # Length pairs with the parent as it was stored: it is not served again, so its answers
+        # bound how far a set can grow for the length rules alone.
+        for name in _length_growth(stage, parent, baseline, policy):
+            if name in sets and name not in growing:
+                reach = limits[name] if parent is None or name not in parent.tasks else min(
+                    limits[name], len(parent.tasks[name].items))
+                grown[name] = max(sizes[name], min(reach, math.ceil(sizes[name] * q.growth)))
     return grown if any(grown[name] > sizes[name] for name in sizes) else None
 
 
-def _length_growth(stage: QualityResult, parent: QualityResult, policy: GatePolicy) -> list[str]:
-    """The sets to grow while the length rule is inconclusive: those in which an answer changed
-    length. A set whose answers all kept their length (the demo's long-context retrievals, its
-    costliest items) carries no drift to resolve: more of it would only dilute the pooled ratio
-    toward x1, a pass bought by averaging in zeros."""
+def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline: QualityResult,
+                   policy: GatePolicy) -> list[str]:
+    """The sets to grow while a length rule is inconclusive: the sets whose own rule (vs the
+    parent or vs the baseline) is, or, where only the pooled rule is, those in which an answer
+    changed length. A set whose answers all kept their length (the demo's long-context
+    retrievals, its costliest items) carries no drift to resolve: more of it would only dilute
+    the pooled ratio toward x1, a pass bought by averaging in zeros."""
     def wrap(name: str, quality: QualityResult) -> StageRecord:
         return StageRecord(name=name, kind="stage", parent=None, axes={}, quality=quality)
 
-    stage_record, parent_record = wrap("stage", stage), wrap("parent", parent)
-    if length_checks(stage_record, parent_record, policy)[0].status != "inconclusive":
+    stage_record = wrap("stage", stage)
+    parent_record = wrap("parent", parent) if parent is not None else wrap("baseline", baseline)
+    base_record = wrap("baseline", baseline)
+    names = sorted(stage.tasks)
+    open_rules = {c.rule for c in length_checks(stage_record, parent_record, policy, base_record)
+                  if c.status == "inconclusive" and c.rule != "length.finish"}
+    if not open_rules:
         return []
+    named = {name for name in names for prefix in ("length.", "length.baseline.")
+             if f"{prefix}{name}" in open_rules}
+    if named:
+        return sorted(named)
     return [name for name, ratios in length_ratios(stage_record, parent_record).items()
             if np.count_nonzero(ratios)]

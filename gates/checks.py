@@ -62,6 +62,6 @@ def stage_checks(
         + divergence_checks(stage, policy)
         + perplexity_checks(stage, parent, baseline, policy)
         + load_checks(stage, parent, baseline, policy, records)
-        + length_checks(stage, parent, policy)
+        + length_checks(stage, parent, policy, baseline)
         + [engine_check(stage, parent, baseline)]
     )

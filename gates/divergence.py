@@ -4,7 +4,7 @@ Every interval is computed here, from the per-token values the stage stored
 (`QualityResult.paired_tokens`), by one block bootstrap (gates.stats) with the policy's level,
 resamples and seed: the same stored records always give the same verdict. A record without
 per-token values never passes on a point estimate: the rule is inconclusive (a rollback when
-required).
+required), and so is one whose corpus has fewer blocks than `divergence.min_blocks`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,24 @@ def _interval(tokens: PairedTokens, series: str, policy: GatePolicy) -> stats.In
 
 
 def _how(tokens: PairedTokens, policy: GatePolicy) -> str:
-    return (f"{policy.quality.confidence:.0%} block-bootstrap CI over {tokens.tokens} tokens "
-            f"in {len(tokens.spans)} spans, blocks of <= {policy.divergence.block_tokens}")
+    block_tokens = policy.divergence.block_tokens
+    count = stats.corpus_blocks(tokens.span_tokens, block_tokens)
+    return (f"{policy.quality.confidence:.0%} studentized block-bootstrap CI over {tokens.tokens} "
+            f"tokens in {len(tokens.spans)} spans, {count} block{'s' * (count != 1)} of <= "
+            f"{block_tokens}")
+
+
+def _too_short(tokens: PairedTokens, policy: GatePolicy) -> str | None:
+    """Why the corpus cannot decide (too few blocks to resample), or None when it can."""
+    rules = policy.divergence
+    count = stats.corpus_blocks(tokens.span_tokens, rules.block_tokens)
+    if count >= rules.min_blocks:
+        return None
+    return (f"the scoring corpus has {count} block{'s' * (count != 1)} of <= {rules.block_tokens} "
+            f"tokens, fewer than divergence.min_blocks = {rules.min_blocks}: too few to bound a "
+            f"heavy-tailed per-token mean; score a longer corpus (>= {rules.min_blocks} blocks, "
+            f"e.g. {rules.min_blocks * rules.block_tokens:,} tokens in texts of >= "
+            f"{rules.block_tokens} tokens)")
 
 
 def coarsening(top_k: int) -> str:
@@ -54,23 +70,26 @@ def divergence_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
     precision = precision_class(stage.axes)
     tol = policy.tolerance(precision)
     how = _how(tokens, policy)
+    short = _too_short(tokens, policy)
     kl = _interval(tokens, "kl", policy)
-    outcome: Status = ("pass" if kl.high <= tol.max_kl else "fail" if kl.low > tol.max_kl
-                       else "inconclusive")
+    outcome: Status = ("inconclusive" if short else "pass" if kl.high <= tol.max_kl
+                       else "fail" if kl.low > tol.max_kl else "inconclusive")
     kl_check = judged(
         "divergence.kl", outcome, required,
-        f"mean KL {kl.estimate:.4f} nats/token ({coarsening(tokens.top_k)}; {how}: "
+        (f"{short}; " if short else "")
+        + f"mean KL {kl.estimate:.4f} nats/token ({coarsening(tokens.top_k)}; {how}: "
         f"[{kl.low:.4f}, {kl.high:.4f}]), limit {tol.max_kl} ({precision})",
         value=kl.high, limit=tol.max_kl,
         details={"mean_kl": kl.estimate, "ci_low": kl.low, "ci_high": kl.high,
                  "tokens": tokens.tokens, "top_k": tokens.top_k},
     )
     agree = _interval(tokens, "top1_agree", policy)
-    outcome = ("pass" if agree.low >= tol.min_top1 else "fail" if agree.high < tol.min_top1
-               else "inconclusive")
+    outcome = ("inconclusive" if short else "pass" if agree.low >= tol.min_top1
+               else "fail" if agree.high < tol.min_top1 else "inconclusive")
     top1_check = judged(
         "divergence.top1", outcome, required,
-        f"top-1 agreement {agree.estimate:.2%} (most likely token read from the top-{tokens.top_k} "
+        (f"{short}; " if short else "")
+        + f"top-1 agreement {agree.estimate:.2%} (most likely token read from the top-{tokens.top_k} "
         f"lists, the same coarsened view as the KL; {how}: [{agree.low:.2%}, {agree.high:.2%}]), "
         f"limit >= {tol.min_top1:.1%} ({precision})",
         value=agree.low, limit=tol.min_top1,
@@ -98,10 +117,13 @@ def _ppl_check(rule: str, ppl: float, ref: float, tokens: PairedTokens | None, s
                                       quality.confidence, quality.bootstrap_resamples, quality.seed)
     increase, low, high = (math.exp(x) - 1 for x in (log_ratio.estimate, log_ratio.low,
                                                       log_ratio.high))
-    outcome: Status = "pass" if high <= limit else "fail" if low > limit else "inconclusive"
+    short = _too_short(tokens, policy)
+    outcome: Status = ("inconclusive" if short else "pass" if high <= limit
+                       else "fail" if low > limit else "inconclusive")
     return judged(
         rule, outcome, True,
-        f"perplexity {ppl:.3f} vs {against} {ref:.3f} (paired per token: {increase:+.1%}, "
+        (f"{short}; " if short else "")
+        + f"perplexity {ppl:.3f} vs {against} {ref:.3f} (paired per token: {increase:+.1%}, "
         f"{_how(tokens, policy)}: [{low:+.1%}, {high:+.1%}]; limit +{limit:.0%})",
         value=increase, limit=limit,
         details={"perplexity": ppl, "reference": ref, "ci_low": low, "ci_high": high,

@@ -13,6 +13,7 @@ from gates import stats
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Check, Status, judged, missing
+from load.results import PairedLoad
 
 METRICS = {"tpot_p50_ms": "tpot", "ttft_p50_ms": "ttft"}
 
@@ -49,6 +50,33 @@ def timed_step(record: StageRecord, level: str, metric: str) -> Step | None:
     return Step(record.name, paired.reference, tuple(ratios), len(paired.rounds.get(level, [])))
 
 
+def wants_more_rounds(paired: PairedLoad, level: str, policy: GatePolicy) -> bool:
+    """Whether a required latency step is still unresolved on these rounds, within the budget.
+
+    Judged as the step rule judges it (per-round log ratios, one-sided t bounds against the
+    step's limit, TPOT and TTFT); the flow adds a round while this holds. Rounds that cannot
+    resolve anything more (fewer than 2 usable) ask for more too."""
+    rules = policy.latency
+    if not rules.required or level != rules.level:
+        return False
+    looks, count = round_looks(policy), len(paired.rounds.get(level, []))
+    if count >= looks[-1]:
+        return False
+    if count not in looks:
+        return True  # on to the next planned look
+    limits = {"tpot_p50_ms": rules.max_tpot_p50_increase,
+              "ttft_p50_ms": rules.max_ttft_p50_increase}
+    for metric, limit in limits.items():
+        ratios = paired.log_ratios(level, METRICS[metric])
+        if len(ratios) < 2:
+            return True
+        step = Step("stage", paired.reference, tuple(ratios), len(ratios))
+        low, high = one_sided_bounds(step.mean, step.variance, step.df, look_confidence(policy))
+        if _outcome(low, high, limit) == "inconclusive":
+            return True
+    return False
+
+
 def one_sided_bounds(mean: float, variance: float, df: float, confidence: float) -> tuple[float, float]:
     """Lower and upper one-sided Student-t bounds of a mean, each at `confidence`."""
     if variance <= 0:
@@ -74,8 +102,8 @@ def _x(log_ratio: float) -> str:
 
 
 def _judge(rule: str, what: str, mean: float, variance: float, df: float, limit: float,
-           policy: GatePolicy, extra: str, details: dict) -> Check:
-    confidence = policy.quality.confidence
+           policy: GatePolicy, extra: str, details: dict, confidence: float | None = None) -> Check:
+    confidence = confidence or policy.quality.confidence
     low, high = one_sided_bounds(mean, variance, df, confidence)
     outcome = _outcome(low, high, limit)
     reason = (f"{what} {_x(mean)} ({math.expm1(mean):+.1%}; one-sided {confidence:.0%} "
@@ -101,12 +129,41 @@ def _step_check(stage: StageRecord, step: Step, metric: str, limit: float, polic
     if len(step.ratios) < 2:
         return _unusable(rule, step, level)
     paired = stage.paired_load
-    rounds = " ".join(_x(r) for r in step.ratios)
-    extra = (f"; per round {rounds}, {paired.requests_per_round} requests per side and round, "
-             "both engines up, order alternating")
-    return _judge(rule, f"median {metric[:4]} vs {step.reference} over {len(step.ratios)} "
-                  "interleaved rounds:", step.mean, step.variance, step.df, limit, policy, extra,
-                  {"rounds": len(step.ratios), "reference": step.reference})
+    looks = round_looks(policy)
+    confidence = look_confidence(policy)
+    check = None
+    # Required: judged at each planned look on its first rounds; the first that decides stands.
+    for count in [n for n in looks if n < len(step.ratios)] + [len(step.ratios)]:
+        ratios = step.ratios[:count]
+        part = Step(step.stage, step.reference, ratios, count)
+        rounds = " ".join(_x(r) for r in ratios)
+        extra = (f"; per round {rounds}, {paired.requests_per_round} requests per side and round, "
+                 "both engines up, order alternating")
+        if len(looks) > 1:
+            extra += (f"; rounds added while unresolved, looks at {', '.join(map(str, looks))} "
+                      "rounds, alpha split over them")
+        check = _judge(rule, f"median {metric[:4]} vs {step.reference} over {count} "
+                       "interleaved rounds:", part.mean, part.variance, part.df, limit, policy,
+                       extra, {"rounds": count, "reference": step.reference}, confidence)
+        if check.status in ("pass", "fail"):
+            break
+    return check
+
+
+def round_looks(policy: GatePolicy, first: int = 3) -> list[int]:
+    """Round counts at which a required step is judged: 3, 6, 12, ... up to max_rounds; one look
+    (the profile's rounds) when latency is advisory."""
+    if not policy.latency.required:
+        return [first]
+    looks = [first]
+    while looks[-1] * 2 <= policy.latency.max_rounds:
+        looks.append(looks[-1] * 2)
+    return looks
+
+
+def look_confidence(policy: GatePolicy) -> float:
+    """One-sided confidence per look: alpha (1 - confidence) split over the planned looks."""
+    return 1 - (1 - policy.quality.confidence) / len(round_looks(policy))
 
 
 def _chain(stage: StageRecord, records: Mapping[str, StageRecord], baseline: str, level: str,

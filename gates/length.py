@@ -1,68 +1,288 @@
-"""Output-length rules: paired length ratio and the share of answers cut off at the budget."""
+"""Output-length rules: per set, the paired log length ratio with cut answers as censored values.
+
+Each pair of answers to one item gives r = log((stage tokens + 1) / (reference tokens + 1)), the
+reference being the parent and, for the chain as a whole, the baseline. Per set:
+
+- A stage answer cut at the generation budget (finish "length") is right-censored: its true
+  length is at least the cut one, so its true r is at least the one observed.
+- A pair whose reference answer was cut is set aside. The estimate is of r given the reference's
+  length, and choosing pairs by that length leaves the law of r among the rest as it was (no
+  bias while the ratio does not depend on how long the reference answered). Counting such a pair
+  as left-censored instead, while the pairs where both were cut carry nothing, keeps only the
+  ones that shrank: it biases the ratio down and hides growth.
+- About half of a quantized stage's greedy answers keep their exact length, a share p0 with
+  r = 0 that a single normal misplaces (its tail, where the cut answers lie, comes out too thin:
+  x1.10 read as x1.09 at 20 % cut). So the changed pairs get a censored-normal (Tobit) maximum
+  likelihood fit of their mean mu1, and the mean log ratio is (1 - p0) * mu1, its standard error
+  by the delta method (the fit's observed information, p0's binomial variance) times
+  sqrt(n / (n - 1)): without censoring, exactly the paired t-test of the mean.
+- A set passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
+  log(1 - limit)..log(1 + limit): two one-sided tests at quality.alpha (Schuirmann), so a set
+  drifting by exactly the limit passes at most alpha of the time. A go needs every set and the
+  pooled ratio to pass (an intersection-union test: each at the full level). A set fails when
+  its one-sided p of lying beyond the limit, Holm-adjusted over the sets and the pooled ratio,
+  is below alpha. Otherwise it is inconclusive.
+- Fail closed: a set with fewer than quality.min_items kept pairs is inconclusive and blocks
+  whatever the policy says; one where more than length.max_censored_share of the changed pairs
+  were cut rests on the normal tail, not on its data, and cannot pass: it fails only when its cut
+  answers taken at their cut length (a lower bound of each ratio) already put it above the limit.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize, special, stats
 
-from gates import stats
+from evalsets.results import TaskQuality
 from gates.policy import GatePolicy
 from gates.record import StageRecord, paired_items
+from gates.stats import holm, mean_ci
 from gates.verdict import Check, Status, judged, missing, points
+
+POOLED = "all sets"
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """One set's paired log ratios: `cut` marks a stage answer cut at the budget (true r >= r)."""
+
+    ratios: np.ndarray
+    cut: np.ndarray
+    set_aside: int  # pairs whose reference answer was cut: left out
+
+    @classmethod
+    def of(cls, reference: TaskQuality, stage: TaskQuality | None) -> Pairs:
+        known = [(r, s) for r, s in paired_items(reference, stage)
+                 if s.output_tokens is not None and r.output_tokens is not None]
+        kept = [(r, s) for r, s in known if r.finish_reason != "length"]
+        return cls(np.array([math.log((s.output_tokens + 1) / (r.output_tokens + 1))
+                             for r, s in kept], dtype=float),
+                   np.array([s.finish_reason == "length" for _, s in kept], dtype=bool),
+                   len(known) - len(kept))
+
+    @classmethod
+    def pooled(cls, sets: list[Pairs]) -> Pairs:
+        return cls(np.concatenate([p.ratios for p in sets]), np.concatenate([p.cut for p in sets]),
+                   sum(p.set_aside for p in sets))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The mean log ratio of one set (or all), its interval and the p of lying beyond the limit."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    changed: int
+    cut: int
+    set_aside: int
+    p_above: float  # one-sided p of "mean <= log(1 + limit)"
+    p_below: float  # one-sided p of "mean >= log(1 - limit)"
+    unresolved: str | None = None  # why the set cannot pass
+    too_few: bool = False
+
+    @property
+    def p_beyond(self) -> float:
+        return min(self.p_above, self.p_below)
+
+
+def _t_interval(mean: float, se: float, n: int, alpha: float,
+                bounds: tuple[float, float]) -> tuple[float, float, float, float]:
+    """The 1 - 2 alpha interval, p above bounds[1], p below bounds[0] (n - 1 degrees of freedom)."""
+    if se == 0:
+        return mean, mean, float(mean <= bounds[1]), float(mean >= bounds[0])
+    half = stats.t.isf(alpha, n - 1) * se
+    return (mean - half, mean + half, float(stats.t.sf((mean - bounds[1]) / se, n - 1)),
+            float(stats.t.sf((bounds[0] - mean) / se, n - 1)))
+
+
+def _drift(mean: float, se: float, counts: dict[str, int], alpha: float,
+           bounds: tuple[float, float]) -> Drift:
+    low, high, p_above, p_below = _t_interval(mean, se, counts["n"], alpha, bounds)
+    return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below)
+
+
+def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> float:
+    """Censored-normal log likelihood (up to a constant) of (mu, log sigma): log densities of the
+    exact ratios, log survival (scipy.special.log_ndtr) of the censored ones."""
+    mu, log_sigma = params
+    sigma = math.exp(log_sigma)
+    z_exact, z_censored = (exact - mu) / sigma, (censored - mu) / sigma
+    return float(-0.5 * z_exact @ z_exact - exact.size * log_sigma
+                 + special.log_ndtr(-z_censored).sum())
+
+
+def _tobit(ratios: np.ndarray, cut: np.ndarray) -> tuple[float, float] | None:
+    """Censored-normal MLE of the mean and its variance (observed information), or None."""
+    exact, censored = ratios[~cut], ratios[cut]
+    if exact.size < 2 or np.ptp(exact) == 0:
+        return None
+    start = np.array([ratios.mean(), math.log(ratios.std() + 1e-3)])
+    fit = optimize.minimize(lambda p: -_log_likelihood(p, exact, censored), start, method="BFGS")
+    if not np.all(np.isfinite(fit.x)):
+        return None
+    step, unit = 1e-4, np.eye(2) * 1e-4
+    hessian = np.array([[(_log_likelihood(fit.x + unit[i] + unit[j], exact, censored)
+                          - _log_likelihood(fit.x + unit[i] - unit[j], exact, censored)
+                          - _log_likelihood(fit.x - unit[i] + unit[j], exact, censored)
+                          + _log_likelihood(fit.x - unit[i] - unit[j], exact, censored))
+                         / (4 * step**2) for j in range(2)] for i in range(2)])
+    try:
+        variance = float(np.linalg.inv(-hessian)[0, 0])
+    except np.linalg.LinAlgError:
+        return None
+    return (float(fit.x[0]), variance) if math.isfinite(variance) and variance > 0 else None
+
+
+def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy) -> Drift:
+    """The censored mean log ratio of one set (see the module docstring)."""
+    q, most = policy.quality, policy.length.max_censored_share
+    ratios, cut, n = pairs.ratios, pairs.cut, len(pairs.ratios)
+    changed = (ratios != 0) | cut
+    counts = {"n": n, "changed": int(changed.sum()), "cut": int(cut.sum()),
+              "set_aside": pairs.set_aside}
+    if n < max(2, q.min_items):
+        return Drift(float(ratios.mean()) if n else 0.0, -math.inf, math.inf, **counts,
+                     p_above=1.0, p_below=1.0, too_few=True,
+                     unresolved=f"only {n} pairs with both lengths known (< {q.min_items}): "
+                     "cannot decide, fail closed")
+    mean, se = float(ratios.mean()), float(ratios.std(ddof=1)) / math.sqrt(n)
+    if not cut.any():
+        return _drift(mean, se, counts, q.alpha, bounds)
+    share = cut.sum() / changed.sum()
+    fit = _tobit(ratios[changed], cut[changed]) if share <= most else None
+    if fit is None:
+        # At their cut length the censored ratios are lower bounds: enough to fail, never to pass.
+        low, _, p_above, _ = _t_interval(mean, se, n, q.alpha, bounds)
+        why = (f"more than the normal fit can carry (max {most:.0%})" if share > most else
+               "too few uncut changed answers to fit")
+        return Drift(mean, low, math.inf, **counts, p_above=p_above, p_below=1.0,
+                     unresolved=f"{cut.sum()} of {changed.sum()} changed answers ({share:.0%}) cut "
+                     f"at the budget, {why}: the ratio is only bounded below, by "
+                     f"x{math.exp(low):.3f} with the cut answers at their cut length")
+    mu_changed, variance = fit
+    same = 1 - changed.mean()
+    mean = (1 - same) * mu_changed
+    se = math.sqrt(n / (n - 1) * (mu_changed**2 * same * (1 - same) / n
+                                  + (1 - same)**2 * variance))
+    return _drift(mean, se, counts, q.alpha, bounds)
+
+
+def _x(log_ratio: float) -> str:
+    return f"x{math.exp(log_ratio):.3f}" if math.isfinite(log_ratio) else "unbounded"
+
+
+def _describe(result: Drift, level: float, reference: str) -> str:
+    cut = (f"{result.cut} stage answers cut at the budget (censored: ratio at least the cut one)"
+           if result.cut else "none cut at the budget")
+    aside = (f", {result.set_aside} pairs set aside whose {reference} answer was cut (censored: "
+             f"its length unknown)" if result.set_aside else "")
+    return (f"{_x(result.estimate)} ({level:.0%} CI [{_x(result.low)}, {_x(result.high)}]) "
+            f"over {result.n} pairs, {result.changed} changed length, {cut}{aside}")
+
+
+def _status(result: Drift, p_holm: float, bounds: tuple[float, float], alpha: float) -> Status:
+    if p_holm < alpha:
+        return "fail"
+    if result.unresolved is None and bounds[0] <= result.low and result.high <= bounds[1]:
+        return "pass"
+    return "inconclusive"
+
+
+def _interval(result: Drift) -> dict[str, float]:
+    """The interval for the verdict's details, when bounded both ways (JSON has no inf; the
+    report and compare read both ends or none)."""
+    if math.isfinite(result.low) and math.isfinite(result.high):
+        return {"ci_low": result.low, "ci_high": result.high}
+    return {"lower_bound": result.low} if math.isfinite(result.low) else {}
+
+
+def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRecord,
+          bounds: tuple[float, float], policy: GatePolicy) -> list[Check]:
+    """The length rule against one reference: per set and pooled, then one check per set."""
+    rules, alpha = policy.length, policy.quality.alpha
+    sets = {name: Pairs.of(task, stage.quality.tasks.get(name))
+            for name, task in reference.quality.tasks.items()}
+    if not sets:
+        return [missing(rule, f"output length vs the {reference_name}")]
+    results = {name: drift(pairs, bounds, policy) for name, pairs in sets.items()}
+    if len(sets) > 1:
+        results[POOLED] = drift(Pairs.pooled(list(sets.values())), bounds, policy)
+    adjusted = holm({name: r.p_beyond for name, r in results.items()})
+    status = {name: _status(r, adjusted[name], bounds, alpha) for name, r in results.items()}
+    overall: Status = ("fail" if "fail" in status.values() else
+                       "pass" if all(s == "pass" for s in status.values()) else "inconclusive")
+    limit = f"limit x{math.exp(bounds[0]):.2f}..x{math.exp(bounds[1]):.2f}"
+    level = 1 - 2 * alpha
+
+    def reason(name: str) -> str:
+        r = results[name]
+        why = f"; {r.unresolved}" if r.unresolved else ""
+        holm_note = " (Holm over the sets and all sets)" if len(sets) > 1 else ""
+        return (f"{_describe(r, level, reference_name)}{why}; p of lying beyond the limit "
+                f"{adjusted[name]:.2g}{holm_note}; {limit}")
+
+    def line(name: str) -> str:
+        r = results[name]
+        return (f"{name} {_x(r.estimate)} [{_x(r.low)}, {_x(r.high)}] {status[name]}"
+                f"{' (' + r.unresolved + ')' if r.unresolved else ''}, p {adjusted[name]:.2g}")
+
+    if len(sets) > 1:
+        summary = (f"vs the {reference_name}, all sets {reason(POOLED)}; per set: "
+                   + "; ".join(line(name) for name in sets))
+    else:
+        summary = f"paired length ratio vs the {reference_name} {reason(next(iter(sets)))}"
+    shown = results.get(POOLED) or next(iter(results.values()))
+    details: dict[str, float | int | str | None] = {
+        "n": shown.n, "mean_log_ratio": shown.estimate, **_interval(shown),
+        "changed": shown.changed, "cut": shown.cut, "set_aside": shown.set_aside,
+    } | {f"p_holm.{name}": p for name, p in adjusted.items()}
+    too_few = any(r.too_few for r in results.values())
+    checks = [judged(rule, overall, rules.required or too_few, summary, value=shown.estimate,
+                     limit=bounds[1], details=details)]
+    if len(sets) > 1:
+        checks += [judged(
+            f"{rule}.{name}", status[name], rules.required or results[name].too_few,
+            f"{name}: paired length ratio vs the {reference_name} {reason(name)}",
+            value=results[name].estimate, limit=bounds[1],
+            details={"n": results[name].n, "mean_log_ratio": results[name].estimate,
+                     **_interval(results[name]), "changed": results[name].changed,
+                     "cut": results[name].cut, "set_aside": results[name].set_aside,
+                     "p_holm": adjusted[name]},
+        ) for name in sets]
+    return checks
 
 
 def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarray]:
-    """Per set: log((stage tokens + 1) / (parent tokens + 1)) over items with known lengths.
+    """Per set: log((stage tokens + 1) / (parent tokens + 1)) over the pairs the rule keeps.
 
-    The +1 keeps empty answers in: a stage that answers nothing is the largest drift of all,
-    not a pair to skip. A pair whose parent answer was cut at the budget is left out: its true
-    length is unknown (only "at least the budget"), and any change can only shorten it, which
-    would read as drift. A stage cut where its parent stopped stays in (a lower bound of its
-    growth), and the share cut off is judged by length.finish."""
-    out: dict[str, np.ndarray] = {}
+    The +1 keeps empty answers in: a stage that answers nothing is the largest drift of all, not a
+    pair to skip. Pairs whose parent answer was cut are left out; a stage answer cut at the budget
+    counts at its cut length here (a lower bound of its ratio: the rule treats it as censored)."""
     if stage.quality is None or parent.quality is None:
-        return out
-    for name, parent_task in parent.quality.tasks.items():
-        pairs = paired_items(parent_task, stage.quality.tasks.get(name))
-        out[name] = np.array([math.log((s.output_tokens + 1) / (p.output_tokens + 1))
-                              for p, s in pairs
-                              if s.output_tokens is not None and p.output_tokens is not None
-                              and p.finish_reason != "length"],
-                             dtype=float)
-    return out
+        return {}
+    return {name: Pairs.of(task, stage.quality.tasks.get(name)).ratios
+            for name, task in parent.quality.tasks.items()}
 
 
-def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -> list[Check]:
-    """The CI of the paired mean log length ratio (all sets) must stay within 1 ± max_change."""
+def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy,
+                  baseline: StageRecord | None = None) -> list[Check]:
+    """Output length per set vs the parent ("length", first), vs the baseline ("length.baseline",
+    the chain as a whole) unless the parent is the baseline, and the share cut at the budget."""
     if stage.quality is None or parent.quality is None:
         return [missing("length", "output length")]
-    rules, q = policy.length, policy.quality
-    per_set = length_ratios(stage, parent)
-    ratios = np.concatenate(list(per_set.values())) if per_set else np.array([])
-    if len(ratios) < q.min_items:
-        return [Check(rule="length", passed=False, value=len(ratios), limit=q.min_items,
-                      reason=f"only {len(ratios)} paired responses with lengths: cannot decide, "
-                      "fail closed")]
-    ci = stats.mean_ci(ratios, q.confidence, q.bootstrap_resamples, q.seed)
-    low, high = rules.log_bounds
-    holm = stats.holm({name: stats.wilcoxon_p(r) for name, r in per_set.items() if len(r)})
-    outcome: Status = ("pass" if low <= ci.low and ci.high <= high else
-                       "fail" if ci.low > high or ci.high < low else "inconclusive")
-    wilcoxon = ", ".join(f"{name} p={p:.3g}" for name, p in holm.items())
-    details: dict[str, float | int | str | None] = {
-        "n": len(ratios), "mean_log_ratio": ci.estimate, "ci_low": ci.low, "ci_high": ci.high,
-        "changed": int(np.count_nonzero(ratios)),
-    } | {f"wilcoxon_holm.{name}": p for name, p in holm.items()}
-    checks = [judged(
-        "length", outcome, rules.required,
-        f"paired length ratio x{math.exp(ci.estimate):.3f} ({q.confidence:.0%} CI "
-        f"[x{math.exp(ci.low):.3f}, x{math.exp(ci.high):.3f}]) over {len(ratios)} responses, "
-        f"{details['changed']} changed length (pairs whose parent was cut at the budget left out: "
-        f"censored); Wilcoxon (Holm) {wilcoxon}; limit "
-        f"x{1 - rules.max_change:.2f}..x{1 + rules.max_change:.2f}",
-        value=ci.estimate, limit=high, details=details,
-    )]
+    rules = policy.length
+    checks = _rule("length", "parent", stage, parent, rules.log_bounds, policy)
+    if baseline is not None and baseline is not parent and baseline.name != parent.name:
+        if baseline.quality is None:
+            checks.append(missing("length.baseline", "output length of the baseline"))
+        else:
+            checks += _rule("length.baseline", "baseline", stage, baseline,
+                            rules.log_bounds_vs_baseline, policy)
     return checks + [_finish_check(stage, parent, policy)]
 
 
@@ -76,7 +296,7 @@ def _finish_check(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -
         return missing("length.finish", "finish_reason", rules.finish_required)
     before = np.array([p.finish_reason == "length" for p, _ in pairs], dtype=float)
     after = np.array([s.finish_reason == "length" for _, s in pairs], dtype=float)
-    ci = stats.mean_ci(after - before, q.confidence, q.bootstrap_resamples, q.seed)
+    ci = mean_ci(after - before, q.confidence, q.bootstrap_resamples, q.seed)
     limit = rules.max_length_finish_increase
     outcome: Status = "pass" if ci.high <= limit else "fail" if ci.low > limit else "inconclusive"
     return judged(
@@ -88,5 +308,3 @@ def _finish_check(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -
         details={"stage_rate": float(after.mean()), "parent_rate": float(before.mean()),
                  "ci_low": ci.low, "ci_high": ci.high, "n": len(pairs)},
     )
-
-

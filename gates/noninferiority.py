@@ -7,11 +7,18 @@ inverts the score test of H0: delta = d with the restricted maximum-likelihood e
 discordant rates under H0, so it keeps its level at small n and at zero discordant pairs (where a
 bootstrap of 0/1 differences has zero width and a Wald interval collapses).
 
-Several sets are pooled with equal weights (a stratified score statistic, one stratum per set):
-delta = mean over sets of each set's delta, variance = mean of each set's restricted variance / n
-over the number of sets squared. Equal weights mean a 20-item set that collapses cannot hide
-behind a 1,000-item set that held; the price is that small sets dominate the variance, which the
-adaptive sample size then pays down.
+Strata are pooled with fixed weights (a stratified score statistic): delta = sum of w_i delta_i,
+variance = sum of w_i^2 * deff_i * restricted variance_i / n_i. Sets get equal weights, so a 20-item
+set that collapses cannot hide behind a 1,000-item set that held (small sets then dominate the
+variance, which the adaptive sample size pays down); within a set its groups (the long-context
+length buckets) are strata weighted by their items, so the set's difference is its plain paired
+difference while its variance is the stratified one.
+
+Clustered items (near-duplicates: one template, one source document) are not independent. Where
+a set declares clusters, each stratum's variance is inflated by its design effect, the ratio of
+the cluster-robust (sandwich) variance of the paired differences to the independent one (never
+below 1): the Rao-Scott adjustment of a score test, so the interval is as wide as the effective
+number of independent items warrants.
 """
 
 from __future__ import annotations
@@ -29,6 +36,25 @@ class Stratum:
     n: int
     broke: int
     fixed: int
+    weight: float = 1.0  # relative weight in the pooled difference (normalised over the strata)
+    design_effect: float = 1.0  # variance inflation from clustered items, >= 1
+
+
+def design_effect(differences: list[int], clusters: list[str]) -> float:
+    """Cluster-robust over independent variance of the mean paired difference (>= 1).
+
+    `differences` are per item stage minus baseline (-1, 0, 1); `clusters` name each item's
+    cluster. With every item its own cluster, or no spread at all, the effect is 1."""
+    if len(set(clusters)) == len(clusters):
+        return 1.0
+    values = np.asarray(differences, dtype=float)
+    centred = values - values.mean()
+    independent = float(np.sum(centred**2))
+    if independent == 0:
+        return 1.0
+    _, index = np.unique(np.asarray(clusters), return_inverse=True)
+    robust = float(np.sum(np.bincount(index, weights=centred) ** 2))
+    return max(1.0, robust / independent)
 
 
 def restricted_broke_rate(n: np.ndarray, broke: np.ndarray, fixed: np.ndarray,
@@ -44,22 +70,31 @@ def restricted_broke_rate(n: np.ndarray, broke: np.ndarray, fixed: np.ndarray,
     return np.clip(q, low, high)
 
 
+def _weights(strata: list[Stratum]) -> tuple[np.ndarray, np.ndarray]:
+    weights = np.array([s.weight for s in strata], dtype=float)
+    return weights / weights.sum(), np.array([s.design_effect for s in strata], dtype=float)
+
+
 def score_z(strata: list[Stratum] | tuple[np.ndarray, np.ndarray, np.ndarray],
             delta: float) -> np.ndarray | float:
     """Stratified score statistic of H0: delta; large positive = the stage is better than delta.
 
-    `strata` is a list of Stratum, or arrays (n, broke, fixed) of shape (sets,) or (sets, draws).
+    `strata` is a list of Stratum (weighted, with design effects), or arrays (n, broke, fixed) of
+    shape (sets,) or (sets, draws), pooled with equal weights.
     """
     if isinstance(strata, list):
         n = np.array([s.n for s in strata], dtype=float)
         broke = np.array([s.broke for s in strata], dtype=float)
         fixed = np.array([s.fixed for s in strata], dtype=float)
+        weights, inflation = _weights(strata)
     else:
         n, broke, fixed = (np.asarray(x, dtype=float) for x in strata)
-    sets = n.shape[0]
-    estimate = ((fixed - broke) / n).mean(axis=0)
+        weights, inflation = np.full(n.shape[0], 1 / n.shape[0]), np.ones(n.shape[0])
+    if n.ndim == 2:
+        weights, inflation = weights[:, None], inflation[:, None]
+    estimate = (weights * (fixed - broke) / n).sum(axis=0)
     q = restricted_broke_rate(n, broke, fixed, delta)
-    variance = ((2 * q + delta - delta * delta) / n).sum(axis=0) / sets**2
+    variance = (weights**2 * inflation * (2 * q + delta - delta * delta) / n).sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         gap = estimate - delta
         z = np.where(variance > 0, gap / np.sqrt(variance),
@@ -68,7 +103,8 @@ def score_z(strata: list[Stratum] | tuple[np.ndarray, np.ndarray, np.ndarray],
 
 
 def estimate(strata: list[Stratum]) -> float:
-    return float(np.mean([(s.fixed - s.broke) / s.n for s in strata]))
+    weights, _ = _weights(strata)
+    return float(sum(w * (s.fixed - s.broke) / s.n for w, s in zip(weights, strata, strict=True)))
 
 
 def score_interval(strata: list[Stratum], one_sided_alpha: float) -> tuple[float, float, float]:

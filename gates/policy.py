@@ -52,8 +52,17 @@ class QualityRules(Rules):
         2.0, gt=1, le=10, description="Each extra batch multiplies a set's item count by this "
         "(capped by the items the set has)."
     )
+    set_margin_factor: float = Field(
+        2.0, ge=1, le=10, description="Each set on its own must be non-inferior at this multiple "
+        "of the pooled margin (its own items resolve only a larger loss)."
+    )
+    group_margin_factor: float = Field(
+        4.0, ge=1, le=20, description="Each group of a set (a long-context length bucket) at this "
+        "multiple of the pooled margin, for stages serving a quantized KV cache."
+    )
     long_context_required: bool = Field(
-        False, description="An inconclusive long-context bucket blocks the go."
+        False, description="Groups are judged (and block when unresolved) for every stage, not "
+        "only for stages that serve a quantized KV cache."
     )
     bootstrap_resamples: int = Field(2000, ge=200, description="Paired bootstrap resamples.")
     seed: int = Field(20240917, description="Bootstrap seed: the same records give the same verdict.")
@@ -64,6 +73,12 @@ class DivergenceRules(Rules):
     block_tokens: int = Field(
         64, ge=1, description="Consecutive positions (within one text) resampled together by the "
         "block bootstrap of KL, top-1 agreement and the perplexity ratios."
+    )
+    min_blocks: int = Field(
+        30, ge=2, description="A scoring corpus of fewer blocks of block_tokens cannot decide: "
+        "KL, top-1 and perplexity are inconclusive (a rollback when required). One block has no "
+        "spread to resample, and under ~30 the interval of a heavy-tailed mean falls below it "
+        "more often than its level allows (python -m gates.benchmark_divergence)."
     )
 
 
@@ -89,6 +104,11 @@ class LatencyRules(Rules):
     required: bool = Field(
         False, description="A regression that the measured noise cannot resolve blocks the go."
     )
+    max_rounds: int = Field(
+        48, ge=3, le=96, description="When latency is required, a timed stage whose step is "
+        "unresolved gets more interleaved rounds at the judged level: it is judged at 3, 6, 12, "
+        "... rounds up to this many, alpha split over those looks."
+    )
 
 
 class LoadRules(Rules):
@@ -97,7 +117,16 @@ class LoadRules(Rules):
 
 class LengthRules(Rules):
     max_change: float = Field(
-        0.10, gt=0, lt=1, description="CI of the paired mean length ratio stays within 1 ± this."
+        0.10, gt=0, lt=1, description="Per set and pooled, the CI of the paired mean length "
+        "ratio vs the parent stays within 1 ± this."
+    )
+    max_change_vs_baseline: float = Field(
+        0.10, gt=0, lt=1, description="The same vs the baseline: the chain as a whole gets one "
+        "step's allowance."
+    )
+    max_censored_share: float = Field(
+        0.5, gt=0, lt=1, description="A set with more of its changed answers cut at the budget "
+        "than this cannot pass (its ratio would rest on the censored tail)."
     )
     required: bool = Field(True, description="An inconclusive length CI blocks the go.")
     max_length_finish_increase: float = Field(
@@ -108,6 +137,10 @@ class LengthRules(Rules):
     @property
     def log_bounds(self) -> tuple[float, float]:
         return math.log(1 - self.max_change), math.log(1 + self.max_change)
+
+    @property
+    def log_bounds_vs_baseline(self) -> tuple[float, float]:
+        return math.log(1 - self.max_change_vs_baseline), math.log(1 + self.max_change_vs_baseline)
 
 
 def _default_tolerances() -> dict[str, Tolerance]:

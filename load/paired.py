@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def run_paired_load(
     reference_command: str | None = None,
     cores: CorePlan | None = None,
     salt: str = "",
+    more_rounds: Callable[[PairedLoad, str], bool] | None = None,
 ) -> tuple[LoadResult, PairedLoad]:
     """Per level, `profile.rounds` rounds of the same load against both servers, back to back.
 
@@ -55,6 +57,8 @@ def run_paired_load(
     `cores` (both engines are bound to the same engine cores, one of them loaded at a time).
     `salt` (the stage's name) gives the rounds prompt streams of their own: a reference the run
     kept up has already answered the unsalted ones, which would hit its prefix cache.
+    `more_rounds(paired, level)`, asked after each of a level's rounds from the profile's count
+    on, adds another round while it says so (the latency rule unresolved, within its budget).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     cores = cores or CorePlan.unplanned()
@@ -75,7 +79,8 @@ def run_paired_load(
     for level, users in levels.items():
         rounds: list[PairedRound] = []
         windows: list[float] = []
-        for index in range(profile.rounds):
+        index = 0
+        while index < profile.rounds or (more_rounds is not None and more_rounds(paired, level)):
             measured: dict[Side, list[LoadSample]] = {}
             for side in round_order(index):
                 server = servers[side]
@@ -88,7 +93,8 @@ def run_paired_load(
                     windows.append(window_s)
             rounds.append(PairedRound(index=index, first=round_order(index)[0],
                                       reference=measured["reference"], stage=measured["stage"]))
-        paired.rounds[level] = rounds
+            paired.rounds[level] = rounds
+            index += 1
         pooled, each = pool_repeats([r.stage for r in rounds], windows, level, users, profile.slo)
         result.samples[level] = [s for r in rounds for s in r.stage]
         result.summaries[level] = pooled

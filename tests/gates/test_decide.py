@@ -58,7 +58,7 @@ def test_perplexity_latency_errors_and_length_each_fail():
     assert failed_rules(verdict, "w") == ["perplexity.parent"]
     assert failed_rules(verdict, "a") == ["perplexity.baseline", "latency.low.tpot_p50_ms"]
     assert failed_rules(verdict, "kv") == ["perplexity.baseline", "load.low.errors", "load.high.errors",
-                                           "length"]
+                                           "length", "length.baseline"]
     assert verdict.accepted_stage == "baseline"
 
 

@@ -131,6 +131,48 @@ def test_kl_without_per_token_values_is_never_a_pass():
     assert not missing.passed and "was not measured" in missing.reason
 
 
+def one_block(kl: float = 0.02, count: int = 64) -> PairedTokens:
+    return PairedTokens.from_values(20, [("t0", count)], kl=np.full(count, kl),
+                                    top1_agree=np.ones(count), nll_diff_vs_baseline=np.zeros(count))
+
+
+def test_a_corpus_of_fewer_blocks_than_min_blocks_cannot_decide():
+    # One 64-token block, KL well within the limit: the old zero-width interval passed it on the
+    # point estimate (and 41 % of one-block corpora at 1.5x the limit).
+    checks = by_rule(divergence_checks(stage(one_block()), POLICY))
+    for check in checks.values():
+        assert check.status == "inconclusive" and not check.passed
+        assert check.reason.startswith("inconclusive, counts as rollback: the scoring corpus has "
+                                       "1 block of <= 64 tokens, fewer than")
+        assert "fewer than divergence.min_blocks = 30" in check.reason
+        assert "score a longer corpus (>= 30 blocks, e.g. 1,920 tokens" in check.reason
+    assert checks["divergence.kl"].details["mean_kl"] == pytest.approx(0.02)
+    waived = GatePolicy.model_validate({"divergence": {"required": False}})
+    assert all(c.passed and c.status == "inconclusive" for c in divergence_checks(stage(one_block()),
+                                                                                   waived))
+    baseline = record("baseline", None, BASE)
+    (ppl,) = perplexity_checks(stage(one_block(), perplexity=10.0), baseline, baseline, waived)
+    assert ppl.status == "inconclusive" and not ppl.passed  # perplexity is always required
+    assert "1 block of <= 64 tokens" in ppl.reason and "min_blocks = 30" in ppl.reason
+
+
+def test_min_blocks_is_counted_in_blocks_within_texts_and_comes_from_the_policy():
+    # 29 texts of 100 tokens are 58 blocks: they decide; 29 texts of 64 tokens are 29: they do not.
+    decided = by_rule(divergence_checks(stage(tokens(texts=29, per_text=100)), POLICY))
+    assert decided["divergence.kl"].status == "pass" and "58 blocks of <= 64" in (
+        decided["divergence.kl"].reason)
+    short = by_rule(divergence_checks(stage(tokens(texts=29, per_text=64)), POLICY))
+    assert short["divergence.kl"].status == "inconclusive" and "has 29 blocks" in (
+        short["divergence.kl"].reason)
+    enough = by_rule(divergence_checks(stage(tokens(texts=30, per_text=64)), POLICY))
+    assert enough["divergence.kl"].status == "pass"
+    relaxed = GatePolicy.model_validate({"divergence": {"min_blocks": 20}})
+    assert by_rule(divergence_checks(stage(tokens(texts=29, per_text=64)), relaxed))[
+        "divergence.kl"].status == "pass"
+    with pytest.raises(ValueError, match="min_blocks"):
+        GatePolicy.model_validate({"divergence": {"min_blocks": 1}})
+
+
 # -- perplexity -----------------------------------------------------------------------------
 
 def test_perplexity_point_estimate_without_per_token_values_does_not_pass():

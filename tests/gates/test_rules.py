@@ -65,13 +65,21 @@ def test_no_flips_on_a_small_set_is_not_proof():
     assert verdict.decision == "rollback"
 
 
-def test_one_sided_flips_fail_the_set():
+def test_a_set_that_loses_more_than_its_own_margin_fails():
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", with_flips(BASE, 30, 2))], POLICY)
+    quality = checks(verdict, "w")["quality.math"]
+    assert quality.status == "fail" and not quality.passed
+    assert quality.limit == -0.16 and quality.details["ci_high"] < -0.16
+    assert "30 right->wrong, 2 wrong->right" in quality.reason and "McNemar" in quality.reason
+
+
+def test_flips_within_the_margins_are_shown_not_blocking():
+    """-9 pts on 100 items: inside the set margin but not resolved by 100 items."""
     verdict = decide("c", [record("baseline", None, BASE),
                            record("w", "baseline", with_flips(BASE, 10, 1))], POLICY)
     quality = checks(verdict, "w")["quality.math"]
-    assert quality.status == "fail" and not quality.passed
-    assert "10 right->wrong, 1 wrong->right" in quality.reason
-    assert quality.details["p_holm"] < 0.05
+    assert quality.status in ("pass", "inconclusive") and quality.details["p_mcnemar"] < 0.01
 
 
 def test_a_set_at_the_floor_cannot_vouch():
@@ -108,32 +116,7 @@ def test_four_bit_stage_has_its_own_margin():
     stage = record("w", "baseline", BASE, axes=INT4)
     verdict = decide("c", [record("baseline", None, BASE), stage], POLICY)
     assert checks(verdict, "w")["quality.accuracy"].limit == -0.10
-    assert checks(verdict, "w")["quality.math"].limit == -0.10
-
-
-def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back():
-    longer = record("w", "baseline", BASE, lengths=[46] * 100)  # +15 % on every item
-    verdict = decide("c", [record("baseline", None, BASE), longer], POLICY)
-    assert checks(verdict, "w")["length"].status == "fail"
-    jitter = [41 if i % 3 else 39 for i in range(100)]
-    verdict = decide("c", [record("baseline", None, BASE, lengths=[40] * 100),
-                           record("w", "baseline", BASE, lengths=jitter)], POLICY)
-    assert checks(verdict, "w")["length"].status == "pass"
-    assert "Wilcoxon" in checks(verdict, "w")["length"].reason
-    straddling = [40] * 80 + [70] * 20
-    verdict = decide("c", [record("baseline", None, BASE),
-                           record("w", "baseline", BASE, lengths=straddling)], POLICY)
-    length = checks(verdict, "w")["length"]
-    assert length.status == "inconclusive" and not length.passed, length.reason
-    assert verdict.decision == "rollback"
-
-
-def test_empty_answers_are_length_drift_not_skipped_pairs():
-    empty = [0] * 30 + [40] * 70
-    verdict = decide("c", [record("baseline", None, BASE),
-                           record("w", "baseline", BASE, lengths=empty)], POLICY)
-    length = checks(verdict, "w")["length"]
-    assert length.status == "fail" and length.details["n"] == 100, length.reason
+    assert checks(verdict, "w")["quality.math"].limit == -0.20  # the set margin: 2x
 
 
 def test_a_set_missing_from_the_stage_and_its_parent_is_flagged():
@@ -147,26 +130,6 @@ def test_a_set_missing_from_the_stage_and_its_parent_is_flagged():
     code = checks(verdict, "a")["quality.code"]
     assert not code.passed and "set 'code' on the stage and the parent" in code.reason
     assert verdict.decision == "rollback"
-
-
-def test_answers_cut_at_the_budget_by_the_parent_are_censored_not_drift():
-    cut = ["length"] * 40 + ["stop"] * 60
-    shorter_where_cut = [20] * 40 + [40] * 60  # the parent's 40 cut answers end earlier now
-    verdict = decide("c", [record("baseline", None, BASE, lengths=[64] * 40 + [40] * 60,
-                                  finish=cut),
-                           record("w", "baseline", BASE, lengths=shorter_where_cut,
-                                  finish=["stop"] * 100)], POLICY)
-    length = checks(verdict, "w")["length"]
-    assert length.status == "pass" and length.details["n"] == 60 and "censored" in length.reason
-
-
-def test_more_responses_cut_off_at_the_budget_fail():
-    before = ["stop"] * 100
-    after = ["length"] * 30 + ["stop"] * 70
-    verdict = decide("c", [record("baseline", None, BASE, finish=before),
-                           record("w", "baseline", BASE, finish=after)], POLICY)
-    finish = checks(verdict, "w")["length.finish"]
-    assert finish.status == "fail" and "30.0% vs parent 0.0%" in finish.reason
 
 
 def test_latency_is_judged_against_the_measured_noise():

@@ -137,3 +137,22 @@ def test_a_kept_reference_never_sees_a_prompt_twice_and_both_sides_stay_alike(tm
         raced = prompts(reference, len(own))
         assert not set(own) & set(raced)
         assert sorted(raced) == sorted(prompts(stage))  # the same prompts, side for side
+
+
+def test_an_unresolved_level_gets_more_rounds_while_asked(tmp_path):
+    asked = []
+
+    def more(paired: PairedLoad, level: str) -> bool:
+        asked.append((level, len(paired.rounds[level])))
+        return level == "low" and len(paired.rounds[level]) < 5
+
+    with FakeOpenAI(token_delay_s=0.01) as reference, \
+            FakeOpenAI(model="stage-model", token_delay_s=0.01) as stage:
+        _, paired = run_paired_load(
+            Server(stage.base_url, "stage-model"), Server(reference.base_url, "fake-model"),
+            "baseline", PROFILE, tmp_path, cores=plan_cores("cpu", usable=[0, 1]),
+            more_rounds=more)
+    assert [r.index for r in paired.rounds["low"]] == [0, 1, 2, 3, 4]
+    assert [r.first for r in paired.rounds["low"]][3:] == ["stage", "reference"]
+    assert len(paired.rounds["high"]) == 3
+    assert ("low", 3) in asked and ("high", 3) in asked and ("low", 2) not in asked

@@ -1,0 +1,96 @@
+"""Validate's power of the whole decision: the spec's sets as simulated shapes, refused below policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from evalsets.contracts import data_files, load_contract
+from evalsets.jsonl import read_jsonl
+from evalsets.spec import EvalSetSpec
+from flows.plan import Stage
+from flows.spec import Spec
+from gates.accuracy import groups_required
+from gates.policy import GatePolicy, precision_class
+from gates.power import SIMULATION_VERSION, DecisionPower, decision_power
+from gates.simulate import SetShape
+from infra.errors import SpecError
+
+PLANNING_ACCURACY = 0.5  # the baseline's accuracy is unknown before it runs
+
+
+def group_values(spec: EvalSetSpec) -> list[str]:
+    """The set's groups (its contract's group field), in data order, within any `groups` filter."""
+    contract = load_contract(spec.info)
+    if contract.group is None:
+        return []
+    seen: dict[str, None] = {}
+    for path in data_files(spec.info):
+        if path.suffix != ".jsonl":
+            continue
+        for row in read_jsonl(path):
+            value = row.get(contract.group)
+            if value is not None:
+                seen.setdefault(str(value), None)
+    return [g for g in seen if spec.groups is None or g in spec.groups]
+
+
+def set_shapes(spec: Spec, pools: dict[str, int]) -> tuple[SetShape, ...]:
+    shapes = []
+    for evalset in spec.evalsets:
+        pool = pools[evalset.name]
+        groups = group_values(evalset) or [""]
+        shapes.append(SetShape(evalset.name, min(evalset.limit or pool, pool), pool,
+                               dict.fromkeys(groups, PLANNING_ACCURACY),
+                               budget=evalset.max_gen_toks or 256))
+    return tuple(shapes)
+
+
+def check_decision_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
+                         policy: GatePolicy) -> list[DecisionPower]:
+    """One simulation per kind of judgement the spec's stages get (precision class, per group or
+    not); refuse the spec when an equivalent stage would go less often than the policy's power."""
+    shapes = set_shapes(spec, pools)
+    kinds: dict[tuple[str, bool], dict[str, str]] = {}
+    for stage in stages:
+        if stage.parent is None:
+            continue
+        axes = stage.axes.model_dump(exclude={"emulated"})
+        kinds.setdefault((precision_class(axes), groups_required(axes, policy)), axes)
+    plans = [_cached(shapes, axes, policy) for axes in kinds.values()]
+    for plan in plans:
+        if plan.equivalent < policy.quality.power:
+            raise SpecError(
+                f"eval sets too small for the whole decision: {plan.describe(policy.quality.power)};"
+                " raise the limits of the sets named as blocking, add items, or widen the margins "
+                "in the gate policy")
+    return plans
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "quantgate" / "power"
+
+
+def _cached(shapes: tuple[SetShape, ...], axes: dict[str, str],
+            policy: GatePolicy) -> DecisionPower:
+    """The simulation is seeded, so its inputs name its result: a spec validated and then run,
+    or the same sets in another spec, simulate once per machine (a few seconds each time)."""
+    key = hashlib.sha256(json.dumps(
+        [SIMULATION_VERSION, [dataclasses.asdict(s) for s in shapes], axes,
+         policy.model_dump(mode="json")], sort_keys=True).encode()).hexdigest()[:24]
+    path = _cache_dir() / f"{key}.json"
+    try:
+        return DecisionPower(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    plan = decision_power(shapes, axes, policy)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(plan)))
+    except OSError:
+        pass  # a read-only home only costs the simulation next time
+    return plan

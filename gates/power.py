@@ -1,0 +1,61 @@
+"""The whole decision's power at a spec's sizes: P(go) for an equivalent stage and at the margin.
+
+`quantgate validate` simulates the acceptance it is about to run (gates.trials): the spec's sets
+at their first-look sizes and pools, with their groups, grown by the adaptive looks and judged by
+every rule that items can block (the pooled, per-set and per-group accuracy rules, length), for
+a stage as good as the baseline whose items flip at the policy's planning discordance (the
+chance of a go: power) and for a stage that loses exactly the pooled margin (the chance of a
+false go). Planning assumptions, stated with the figure: baseline accuracy 50 % in every group,
+answers of about 60 tokens, divergence and latency as a good stage's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gates.accuracy import serves_quantized_kv
+from gates.policy import GatePolicy, precision_class
+from gates.simulate import SetShape, Step
+from gates.trials import Scenario, p_go, wilson
+
+SIMULATION_VERSION = 1  # raise when the simulation or the rules change what it predicts
+
+
+@dataclass
+class DecisionPower:
+    precision: str
+    per_group: bool
+    trials: int
+    equivalent: float  # P(go) of a stage as good as the baseline
+    at_margin: float  # P(go) of a stage that loses the pooled margin: the false-go risk
+    blocking: dict[str, int]  # rules that blocked the equivalent stage, by count
+
+    def describe(self, target: float) -> str:
+        low, high = wilson(round(self.equivalent * self.trials), self.trials)
+        m_low, m_high = wilson(round(self.at_margin * self.trials), self.trials)
+        top = ", ".join(f"{rule} {count / self.trials:.0%}" for rule, count in
+                        sorted(self.blocking.items(), key=lambda kv: -kv[1])[:3])
+        return (f"{self.precision}{' (per group: KV cache)' if self.per_group else ''}: whole "
+                f"decision P(go) {self.equivalent:.0%} [{low:.0%}, {high:.0%}] for an equivalent "
+                f"stage (policy {target:.0%}), {self.at_margin:.0%} [{m_low:.0%}, {m_high:.0%}] "
+                f"at the margin (false go), {self.trials} simulated runs each"
+                + (f"; blocking when equivalent: {top}" if top else ""))
+
+
+def decision_power(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
+                   trials: int = 100) -> DecisionPower:
+    """Simulated P(go) of the whole decision at these sets, for an equivalent and a marginal stage."""
+    precision = precision_class(axes)
+    margin = policy.tolerance(precision).accuracy_margin
+    flips = policy.quality.planning_discordance
+    # A corpus just above the divergence rule's minimum: items, not tokens, are planned here.
+    common = {"sets": shapes, "axes": axes, "flips": flips, "corpus_tokens": 64 * 40}
+    equivalent = Scenario("equivalent", [Step()], **common)
+    marginal = Scenario("at the margin", [Step(drop={"*": margin})], **common)
+    seed = int(np.random.default_rng(policy.quality.seed).integers(2**31))
+    p_equivalent, blocking = p_go(equivalent, policy, trials, seed)
+    p_margin, _ = p_go(marginal, policy, trials, seed + 1)
+    return DecisionPower(precision=precision, per_group=serves_quantized_kv(axes), trials=trials,
+                         equivalent=p_equivalent, at_margin=p_margin, blocking=blocking)

@@ -1,0 +1,212 @@
+"""Simulated stage records shaped like the real sets, for the decision benchmark and validate's power.
+
+What real records carry and a naive simulation leaves out, each drawn here:
+
+- groups (the long-context length buckets, a user set's `group` field), each with its own baseline
+  accuracy, interleaved in the data as the real generators order them (so any first N items mix
+  them);
+- clusters of near-duplicate items (the generated sets' templates): items of one cluster share
+  their random draws with probability `cluster_rho`, so they are right, wrong and flip together;
+- sets near the floor or the ceiling;
+- answer lengths with a budget: a stage whose answers grow is cut at the set's `budget` (finish
+  "length"), so the recorded length is a lower bound of the true one;
+- per-token KL with heavy tails and block correlation (a per-block scale times a mixture of small
+  and lognormal-heavy values), top-1 agreement and NLL differences on the same positions;
+- chains: each stage is drawn from its parent with the step's own change.
+
+The drop a scenario names is the drop simulated: per item, P(right -> wrong) and P(wrong -> right)
+are solved from the parent's realised accuracy so that their difference is the drop exactly (in
+expectation over the pool) and their sum the discordance; where the discordance cannot hold the
+drop it is raised, never the drop clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evalsets.results import Divergence, PairedTokens, QualityItem, QualityResult, TaskQuality
+
+
+@dataclass(frozen=True)
+class SetShape:
+    """One eval set: first-look items, pool, baseline accuracy per group, lengths, clusters."""
+
+    name: str
+    first: int
+    pool: int
+    accuracy: dict[str, float]  # group -> baseline accuracy; one group "" for an ungrouped set
+    tokens: float = 60.0  # median answer length
+    budget: int = 256  # generation budget: longer answers are cut here (finish "length")
+    cluster_size: int = 1
+    cluster_rho: float = 0.0
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.accuracy)
+
+    def group_of(self, index: int) -> str:
+        return self.groups[index % len(self.groups)]  # interleaved, as the generators write them
+
+    def cluster_of(self, index: int) -> int:
+        # Near-duplicates sit apart in the data (templates cycle), within one group.
+        span = len(self.groups) * max(1, self.pool // (len(self.groups) * self.cluster_size))
+        return index % span if self.cluster_size > 1 else index
+
+
+# The demo's sets at the sizes the demo runs: first look, pool, and the baseline accuracies the
+# real demo measured (long context per bucket: short contexts near the ceiling, 4k far lower).
+DEMO_SETS = (
+    SetShape("math", 60, 1040, {"": 0.217}, tokens=70, budget=256),
+    SetShape("business", 40, 300, {"": 0.325}, tokens=90, budget=256),
+    SetShape("code", 20, 160, {"": 0.85}, tokens=120, budget=384),
+    SetShape("long_context", 40, 120, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
+             tokens=12, budget=32),
+)
+
+
+@dataclass
+class Step:
+    """What is true of one stage against its parent (drops are cumulative against the baseline)."""
+
+    drop: dict[str, float] = field(default_factory=dict)  # set or "set.group" (or "*") -> points
+    length: dict[str, float] = field(default_factory=dict)  # set (or "*") -> true length ratio
+    kl: float = 0.3  # true mean KL vs the baseline, as a multiple of the policy's limit
+    top1: float = 0.97  # true top-1 agreement vs the baseline
+    tpot_increase: float = 0.0  # true, cumulative vs the baseline
+
+
+def _correlated_uniforms(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
+    """One uniform per pool item; items of a cluster share their cluster's with P(cluster_rho)."""
+    own = rng.random(shape.pool)
+    if shape.cluster_size <= 1 or shape.cluster_rho <= 0:
+        return own
+    clusters = np.array([shape.cluster_of(i) for i in range(shape.pool)])
+    shared = rng.random(clusters.max() + 1)[clusters]
+    return np.where(rng.random(shape.pool) < shape.cluster_rho, shared, own)
+
+
+def baseline_answers(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
+    accuracy = np.array([shape.accuracy[shape.group_of(i)] for i in range(shape.pool)])
+    return _correlated_uniforms(rng, shape) < accuracy
+
+
+def _flip_rates(accuracy: float, drop: float, discordance: float) -> tuple[float, float]:
+    """P(right -> wrong), P(wrong -> right) with accuracy * p_break - (1 - accuracy) * p_fix = drop."""
+    discordance = max(discordance, abs(drop))
+    p_break = (discordance + drop) / (2 * accuracy) if accuracy > 0 else 0.0
+    p_fix = (discordance - drop) / (2 * (1 - accuracy)) if accuracy < 1 else 0.0
+    if p_fix > 1:  # near the ceiling: every wrong answer is fixed; breaks make up the rest
+        p_fix, p_break = 1.0, (drop + (1 - accuracy)) / accuracy
+    if p_break > 1:
+        p_break, p_fix = 1.0, (accuracy - drop) / (1 - accuracy)
+    if not (0 <= p_break <= 1 and 0 <= p_fix <= 1):
+        raise ValueError(f"a {drop:+.3f} change cannot be drawn at accuracy {accuracy:.3f}")
+    return p_break, p_fix
+
+
+def stage_answers(rng: np.random.Generator, shape: SetShape, parent: np.ndarray,
+                  drop: dict[str, float], before: dict[str, float],
+                  discordance: float) -> np.ndarray:
+    """A stage's answers drawn from its parent's, each group losing its step's share of the drop."""
+    out = parent.copy()
+    draws = _correlated_uniforms(rng, shape)
+    for group in shape.groups:
+        key = f"{shape.name}.{group}" if group else shape.name
+        target = _lookup(drop, key, shape.name)
+        step = target - _lookup(before, key, shape.name)
+        members = np.array([shape.group_of(i) == group for i in range(shape.pool)])
+        accuracy = float(parent[members].mean())
+        p_break, p_fix = _flip_rates(accuracy, step, discordance)
+        u = draws[members]
+        right = parent[members]
+        out[members] = np.where(right, u >= p_break, u < p_fix)
+    return out
+
+
+def _lookup(table: dict[str, float], key: str, set_name: str) -> float:
+    for name in (key, set_name, "*"):
+        if name in table:
+            return table[name]
+    return 0.0
+
+
+def baseline_lengths(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
+    """True (uncut) answer lengths of the baseline, lognormal around the set's median."""
+    return np.maximum(1.0, shape.tokens * rng.lognormal(0.0, 0.5, shape.pool))
+
+
+def stage_lengths(rng: np.random.Generator, parent_true: np.ndarray, ratio: float,
+                  changed_share: float = 0.5) -> np.ndarray:
+    """True lengths of a stage: about half its answers change (greedy decoding on a perturbed
+    model), the changed ones by a lognormal factor whose mean log is set so that the mean log
+    ratio over all answers is log(ratio) exactly."""
+    changed = rng.random(parent_true.size) < changed_share
+    shift = math.log(ratio) / changed_share
+    factor = np.where(changed, np.exp(rng.normal(shift, 0.3, parent_true.size)), 1.0)
+    return np.maximum(1.0, parent_true * factor)
+
+
+def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
+            lengths: dict[str, np.ndarray], sizes: dict[str, int],
+            tokens: PairedTokens | None) -> QualityResult:
+    """A stage's quality record at `sizes` items per set (the first items of each pool)."""
+    tasks = {}
+    for shape in shapes:
+        right, true_length = answers[shape.name], lengths[shape.name]
+        items = []
+        for i in range(sizes[shape.name]):
+            cut = true_length[i] >= shape.budget
+            items.append(QualityItem(
+                id=str(i), prompt_hash="h", response="", score=float(right[i]),
+                output_tokens=int(min(true_length[i], shape.budget)),
+                finish_reason="length" if cut else "stop", group=shape.group_of(i) or None,
+                cluster=str(shape.cluster_of(i)) if shape.cluster_size > 1 else None))
+        tasks[shape.name] = TaskQuality(task=shape.name, metric="acc", items=items,
+                                        value=float(np.mean([i.score for i in items])))
+    divergence = None if tokens is None else Divergence(
+        tokens=tokens.tokens, mean_kl=float(tokens.values("kl").mean()),
+        top1_agreement=float(tokens.values("top1_agree").mean()), top_k=20)
+    return QualityResult(tasks=tasks, perplexity=10.0, divergence=divergence,
+                         paired_tokens=tokens)
+
+
+def corpus_spans(corpus_tokens: int) -> list[tuple[str, int]]:
+    """Texts of the scoring corpus: answers, prompts and prose of mixed lengths (64..1,280)."""
+    spans, left, index = [], corpus_tokens, 0
+    lengths = (64, 180, 420, 1280, 96, 256)
+    while left > 0:
+        count = min(left, lengths[index % len(lengths)])
+        spans.append((f"t{index}", count))
+        left -= count
+        index += 1
+    return spans
+
+
+def paired_tokens(rng: np.random.Generator, corpus_tokens: int, mean_kl: float, top1: float,
+                  nll_shift: float, block_tokens: int = 64) -> PairedTokens:
+    """Per-token KL with heavy tails and block correlation, mean exactly `mean_kl` in expectation.
+
+    A block of consecutive positions shares a lognormal scale (sigma 0.6: one hard passage moves
+    many tokens); within it 94 % of the tokens take small exponential values and 6 % lognormal
+    heavy ones (sigma 1.5), which carry most of the mean, as real per-token KL does. Top-1
+    disagreement follows the same block scale; NLL differences are noisy around log(1 + shift).
+    """
+    spans = corpus_spans(corpus_tokens)
+    n = sum(count for _, count in spans)
+    block_of = np.concatenate([np.arange(count) // block_tokens + 10_000 * i
+                               for i, (_, count) in enumerate(spans)])
+    _, block_index = np.unique(block_of, return_inverse=True)
+    scale = rng.lognormal(-0.18, 0.6, block_index.max() + 1)[block_index]  # mean 1
+    heavy = rng.random(n) < 0.06
+    small = rng.exponential(1.0, n)
+    large = rng.lognormal(0.0, 1.5, n) / math.exp(1.5**2 / 2)  # mean 1
+    per_token = np.where(heavy, 12.0 * large, small)  # mean 0.06 * 12 + 0.94 = 1.66
+    kl = mean_kl * scale * per_token / 1.66
+    disagree = np.clip((1 - top1) * scale, 0, 1)
+    agree = (rng.random(n) >= disagree).astype(int)
+    nll = rng.normal(math.log1p(nll_shift), 0.35, n) * np.sqrt(scale)
+    return PairedTokens.from_values(20, spans, kl=kl, top1_agree=agree,
+                                    nll_diff_vs_baseline=nll, nll_diff_vs_parent=nll)

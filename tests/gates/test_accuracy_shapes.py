@@ -1,0 +1,143 @@
+"""Accuracy rules on real shapes: ceilings, groups as strata, KV stages per group, clusters, looks."""
+
+from __future__ import annotations
+
+from evalsets.results import QualityItem, QualityResult, TaskQuality
+from gates.accuracy import more_items, quality_checks
+from gates.noninferiority import Stratum, design_effect, score_interval
+from gates.policy import GatePolicy
+from gates.record import StageRecord
+
+POLICY = GatePolicy()
+W8A8 = {"weights": "int8/channel", "activations": "int8/token/dynamic", "kv_cache": "auto"}
+KV = W8A8 | {"kv_cache": "fp8_e4m3"}
+BUCKETS = ("512", "1k", "2k", "4k")
+
+
+def items(scores: list[float], groups: list[str] | None = None,
+          clusters: list[str] | None = None) -> list[QualityItem]:
+    return [QualityItem(id=str(i), prompt_hash="h", response="", score=score,
+                        group=groups[i] if groups else None,
+                        cluster=clusters[i] if clusters else None)
+            for i, score in enumerate(scores)]
+
+
+def record(name: str, parent: str | None, sets: dict[str, list[QualityItem]],
+           axes: dict[str, str] = W8A8, look_sizes: list[dict[str, int]] | None = None,
+           ) -> StageRecord:
+    tasks = {set_name: TaskQuality(task=set_name, metric="acc", items=rows,
+                                   value=sum(r.score for r in rows) / len(rows))
+             for set_name, rows in sets.items()}
+    return StageRecord(name=name, kind="baseline" if parent is None else "stage", parent=parent,
+                       axes=axes, quality=QualityResult(tasks=tasks,
+                                                        look_sizes=look_sizes or []))
+
+
+def by_rule(checks) -> dict:
+    return {c.rule: c for c in checks}
+
+
+def bucketed(per_bucket: int, right: dict[str, int]) -> tuple[list[float], list[str]]:
+    """Items interleaved across the four buckets, the first `right[b]` of each bucket right."""
+    scores, groups, seen = [], [], dict.fromkeys(BUCKETS, 0)
+    for i in range(per_bucket * len(BUCKETS)):
+        bucket = BUCKETS[i % len(BUCKETS)]
+        scores.append(1.0 if seen[bucket] < right[bucket] else 0.0)
+        groups.append(bucket)
+        seen[bucket] += 1
+    return scores, groups
+
+
+def test_a_set_at_the_ceiling_vouches_and_its_drop_counts():
+    """95 % right leaves room to lose points: the set is pooled and judged, not left out."""
+    base = [1.0] * 190 + [0.0] * 10
+    baseline = record("baseline", None, {"code": items(base)})
+    same = record("s", "baseline", {"code": items(base)})
+    pooled = by_rule(quality_checks(same, baseline, baseline, POLICY))["quality.accuracy"]
+    assert pooled.status == "pass" and pooled.details["sets"] == 1
+    broken = [0.0] * 60 + [1.0] * 130 + [0.0] * 10  # 95 % -> 65 %
+    checks = by_rule(quality_checks(record("s", "baseline", {"code": items(broken)}), baseline,
+                                    baseline, POLICY))
+    assert checks["quality.accuracy"].status == "fail"
+    assert checks["quality.code"].status == "fail"
+
+
+def test_groups_are_strata_of_their_set():
+    """Same paired difference; the bound moves only by what the strata's own variances say."""
+    plain = score_interval([Stratum(120, 10, 10)], 0.05)
+    strata = score_interval([Stratum(30, 1, 1, 0.25), Stratum(30, 2, 2, 0.25),
+                             Stratum(30, 3, 3, 0.25), Stratum(30, 4, 4, 0.25)], 0.05)
+    assert strata[0] == plain[0] == 0
+    assert abs(strata[1] - plain[1]) < 0.005
+
+
+def test_a_kv_stage_is_judged_per_bucket_and_a_collapsed_bucket_fails():
+    right = {"512": 29, "1k": 27, "2k": 24, "4k": 20}
+    base, groups = bucketed(30, right)
+    collapsed, _ = bucketed(30, right | {"4k": 2})  # 4k: 67 % -> 7 %
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+    kv = record("kv", "baseline", {"long_context": items(collapsed, groups)}, axes=KV)
+    checks = by_rule(quality_checks(kv, baseline, baseline, POLICY))
+    four_k = checks["quality.long_context.4k"]
+    assert four_k.status == "fail" and not four_k.passed and four_k.limit == -0.32
+    assert checks["quality.long_context.512"].status == "pass"
+
+
+def test_an_unresolved_bucket_blocks_a_kv_stage_only():
+    right = {"512": 28, "1k": 24, "2k": 20, "4k": 16}
+    base, groups = bucketed(30, right)
+    worse, _ = bucketed(30, right | {"4k": 10})  # -20 pts: beyond no bound at 30 items
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+    for axes, blocks in ((KV, True), (W8A8, False)):
+        stage = record("s", "baseline", {"long_context": items(worse, groups)}, axes=axes)
+        four_k = by_rule(quality_checks(stage, baseline, baseline, POLICY))[
+            "quality.long_context.4k"]
+        assert four_k.status == "inconclusive" and four_k.passed is not blocks, axes
+
+
+def test_an_unresolved_bucket_grows_its_set_on_a_kv_stage():
+    right = {"512": 5, "1k": 4, "2k": 3, "4k": 3}
+    base, groups = bucketed(6, right)  # 6 per bucket: below min_items
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+    stage = record("s", "baseline", {"long_context": items(base, groups)}, axes=KV)
+    pools = {"long_context": 120}
+    assert more_items(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV) == {
+        "long_context": 48}
+
+
+def test_declared_clusters_widen_the_interval():
+    assert design_effect([1, 0, -1, 0], ["a", "b", "c", "d"]) == 1.0
+    same_cluster = [-1] * 5 + [0] * 5 + [1] * 5 + [0] * 85
+    clusters = [f"c{i // 5}" for i in range(100)]
+    assert design_effect(same_cluster, clusters) > 3
+    base = [1.0] * 50 + [0.0] * 50
+    stage = list(base)
+    for i in range(10):  # two clusters of five break together
+        stage[i] = 0.0
+    for i in range(50, 60):  # two clusters of five are fixed together
+        stage[i] = 1.0
+    plain = by_rule(quality_checks(record("s", "baseline", {"math": items(stage)}),
+                                   record("baseline", None, {"math": items(base)}),
+                                   record("baseline", None, {"math": items(base)}), POLICY))
+    baseline = record("baseline", None, {"math": items(base, clusters=clusters)})
+    clustered = by_rule(quality_checks(
+        record("s", "baseline", {"math": items(stage, clusters=clusters)}), baseline, baseline,
+        POLICY))
+    assert clustered["quality.math"].details["ci_low"] < plain["quality.math"].details["ci_low"]
+    assert "design effect" in clustered["quality.math"].reason
+
+
+def test_a_rule_decided_at_an_earlier_look_stays_decided():
+    """Pooled passes on the first 200 items; 100 later items scored for another set leave it
+    unresolved on all 300: the first look's decision stands (group-sequential)."""
+    first = [1.0] * 100 + [0.0] * 100
+    later_base = [1.0] * 50 + [0.0] * 50
+    later_stage = [0.0] * 30 + [1.0] * 20 + [0.0] * 50  # -30 pts in the later items
+    baseline = record("baseline", None, {"math": items(first + later_base)})
+    stage = record("s", "baseline", {"math": items(first + later_stage)},
+                   look_sizes=[{"math": 200}])
+    pooled = by_rule(quality_checks(stage, baseline, baseline, POLICY))["quality.accuracy"]
+    assert pooled.status == "pass" and "decided at look 1 (200 items)" in pooled.reason
+    undecided = record("s", "baseline", {"math": items(first + later_stage)})
+    again = by_rule(quality_checks(undecided, baseline, baseline, POLICY))["quality.accuracy"]
+    assert again.status != "pass"

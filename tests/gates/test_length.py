@@ -1,0 +1,248 @@
+"""The output-length rules: cut answers censored, judged per set, vs the parent and the baseline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evalsets.results import QualityItem, QualityResult, TaskQuality
+from gates.decide import decide
+from gates.length import length_checks, length_ratios
+from gates.policy import GatePolicy
+from gates.record import StageRecord
+from gates.verdict import Verdict
+from tests.gates.records import record
+
+POLICY = GatePolicy()
+BASE = [1.0] * 40 + [0.0] * 60
+
+
+def checks(verdict: Verdict, stage: str) -> dict:
+    return {c.rule: c for s in verdict.stages if s.stage == stage for c in s.checks}
+
+
+def stage(name: str, parent: str | None, sets: dict[str, tuple[np.ndarray, int]]) -> StageRecord:
+    """A record whose sets hold answers of the given true lengths, cut at each set's budget."""
+    tasks = {}
+    for set_name, (true_lengths, budget) in sets.items():
+        items = [QualityItem.model_construct(
+            id=str(i), prompt_hash="h", response="", score=1.0, group=None, cluster=None,
+            output_tokens=int(min(length, budget)),
+            finish_reason="length" if length >= budget else "stop")
+            for i, length in enumerate(true_lengths)]
+        tasks[set_name] = TaskQuality(task=set_name, metric="acc", value=1.0, items=items)
+    return StageRecord(name=name, kind="baseline" if parent is None else "weights", parent=parent,
+                       axes={}, quality=QualityResult(tasks=tasks))
+
+
+def grown(rng: np.random.Generator, lengths: np.ndarray, ratio: float) -> np.ndarray:
+    """A stage's true lengths from its parent's: half the answers keep their length exactly
+    (greedy decoding on a slightly perturbed model), the others change by a lognormal factor
+    (sigma 0.3) whose mean log makes the mean log ratio log(ratio)."""
+    changed = rng.random(lengths.size) < 0.5
+    factor = np.exp(rng.normal(2 * math.log(ratio), 0.3, lengths.size))
+    return np.maximum(1.0, np.where(changed, lengths * factor, lengths))
+
+
+def baseline_lengths(rng: np.random.Generator, n: int, tokens: float) -> np.ndarray:
+    return np.maximum(1.0, tokens * rng.lognormal(0.0, 0.5, n))
+
+
+# name: (items, median answer tokens); budgets at 1.6 x the median cut about 20 % of answers.
+SETS = {"math": (120, 70), "business": (100, 90), "code": (80, 120), "long_context": (100, 12)}
+
+
+def goes(checks_: list) -> bool:
+    return all(c.passed for c in checks_)
+
+
+def rate(trial, trials: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    return sum(trial(rng) for _ in range(trials)) / trials
+
+
+def one_step(ratio: dict[str, float], cut_share: bool, sets=SETS):
+    budget = {name: int(tokens * 1.6) if cut_share else 100_000 for name, (_, tokens) in sets.items()}
+
+    def trial(rng: np.random.Generator) -> bool:
+        base = {name: baseline_lengths(rng, n, tokens) for name, (n, tokens) in sets.items()}
+        new = {name: grown(rng, lengths, ratio.get(name, ratio.get("*", 1.0)))
+               for name, lengths in base.items()}
+        parent = stage("baseline", None, {name: (base[name], budget[name]) for name in sets})
+        child = stage("s1", "baseline", {name: (new[name], budget[name]) for name in sets})
+        return goes(length_checks(child, parent, POLICY, parent))
+
+    return trial
+
+
+def test_an_equivalent_stage_goes_with_a_fifth_of_its_answers_cut_at_the_budget():
+    # At twice these sizes (the demo's sets after their extra looks); at these, every set is
+    # resolved only about 97 % of the time, and four of them together about 90 %.
+    grown_sets = {name: (2 * n, tokens) for name, (n, tokens) in SETS.items()}
+    assert rate(one_step({"*": 1.0}, cut_share=True, sets=grown_sets), 100, seed=1) >= 0.90
+
+
+def test_drift_at_the_limit_with_a_fifth_cut_at_the_budget_rolls_back():
+    # Counting a cut answer at its cut length pulls the ratio toward x1: the old rule went 48 %.
+    assert rate(one_step({"*": 1.10}, cut_share=True), 100, seed=2) <= 0.10
+
+
+def test_one_set_drifting_fails_while_a_large_unchanged_set_holds():
+    sets = SETS | {"long_context": (300, 12)}
+    drift = {"math": 1.15, "business": 1.15, "code": 1.15}
+    assert rate(one_step(drift, cut_share=False, sets=sets), 60, seed=3) <= 0.10
+
+
+def test_small_steps_that_add_up_fail_against_the_baseline():
+    sets = {"math": (150, 70), "business": (150, 90)}
+
+    def trial(rng: np.random.Generator) -> tuple[bool, bool]:
+        lengths = [{name: baseline_lengths(rng, n, tokens) for name, (n, tokens) in sets.items()}]
+        for _ in range(3):
+            lengths.append({name: grown(rng, x, 1.05) for name, x in lengths[-1].items()})
+        records = [stage(f"s{k}", f"s{k - 1}" if k else None,
+                         {name: (x, 100_000) for name, x in step.items()})
+                   for k, step in enumerate(lengths)]
+        found = length_checks(records[3], records[2], POLICY, records[0])
+        return found[0].passed, goes(found)
+
+    rng = np.random.default_rng(4)
+    outcomes = [trial(rng) for _ in range(60)]
+    assert sum(step for step, _ in outcomes) / 60 >= 0.5  # the last step alone passes...
+    assert sum(chain for _, chain in outcomes) / 60 <= 0.10  # ...the chain as a whole does not
+
+
+def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back():
+    longer = record("w", "baseline", BASE, lengths=[46] * 100)  # +15 % on every item
+    verdict = decide("c", [record("baseline", None, BASE), longer], POLICY)
+    assert checks(verdict, "w")["length"].status == "fail"
+    jitter = [41 if i % 3 else 39 for i in range(100)]
+    verdict = decide("c", [record("baseline", None, BASE, lengths=[40] * 100),
+                           record("w", "baseline", BASE, lengths=jitter)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "pass"
+    assert "x1.008 (90% CI [x1.004, x1.011]) over 100 pairs, 100 changed length" in length.reason
+    straddling = [40] * 80 + [70] * 20
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", BASE, lengths=straddling)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "inconclusive" and not length.passed, length.reason
+    assert verdict.decision == "rollback"
+
+
+def test_empty_answers_are_length_drift_not_skipped_pairs():
+    empty = [0] * 30 + [40] * 70
+    verdict = decide("c", [record("baseline", None, BASE),
+                           record("w", "baseline", BASE, lengths=empty)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "fail" and length.details["n"] == 100, length.reason
+
+
+def test_a_set_that_collapses_to_empty_answers_fails_while_the_others_hold():
+    lengths = np.full(60, 40.0)
+    collapsed = np.where(np.arange(60) < 20, 0.0, 40.0)
+    parent = stage("baseline", None, {"math": (lengths, 512), "code": (lengths, 512),
+                                      "long_context": (np.full(240, 8.0), 512)})
+    child = stage("w", "baseline", {"math": (lengths, 512), "code": (collapsed, 512),
+                                    "long_context": (np.full(240, 8.0), 512)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length.code"].status == "fail" and found["length"].status == "fail"
+    assert found["length.math"].status == "pass" and found["length.long_context"].status == "pass"
+    assert "code x0.290 [x0.198, x0.424] fail" in found["length"].reason
+    assert "all sets x0.814" in found["length"].reason
+    assert list(found)[0] == "length" and "length.baseline" not in found
+
+
+def test_answers_cut_at_the_budget_by_the_parent_are_set_aside_not_drift():
+    cut = ["length"] * 40 + ["stop"] * 60
+    shorter_where_cut = [20] * 40 + [40] * 60  # the parent's 40 cut answers end earlier now
+    verdict = decide("c", [record("baseline", None, BASE, lengths=[64] * 40 + [40] * 60,
+                                  finish=cut),
+                           record("w", "baseline", BASE, lengths=shorter_where_cut,
+                                  finish=["stop"] * 100)], POLICY)
+    length = checks(verdict, "w")["length"]
+    assert length.status == "pass" and length.details["n"] == 60
+    assert "40 pairs set aside whose parent answer was cut (censored" in length.reason
+
+
+def test_stage_answers_cut_at_the_budget_count_as_at_least_their_cut_length():
+    rng = np.random.default_rng(5)
+    parent_lengths = rng.integers(20, 80, 100)
+    true = np.where(rng.random(100) < 0.5, parent_lengths * rng.lognormal(0.25, 0.3, 100),
+                    parent_lengths).astype(int)
+    budget = 80
+    parent = record("baseline", None, BASE, lengths=[int(n) for n in parent_lengths])
+    child = record("w", "baseline", BASE, lengths=[int(min(n, budget)) for n in true],
+                   finish=["length" if n >= budget else "stop" for n in true])
+    length = length_checks(child, parent, POLICY)[0]
+    assert length.details["cut"] == 16 and "16 stage answers cut at the budget (censored" in length.reason
+    truth = np.log((true + 1) / (parent_lengths + 1)).mean()  # x1.145, what the cut hides
+    at_cut_length = length_ratios(child, parent)["math"].mean()  # x1.086: would pass
+    assert math.exp(truth) == pytest.approx(1.145, abs=1e-3)
+    assert math.exp(at_cut_length) == pytest.approx(1.086, abs=1e-3)
+    assert "x1.128 (90% CI [x1.083, x1.176])" in length.reason
+    assert length.status == "inconclusive" and not length.passed
+
+
+def test_a_set_whose_changed_answers_are_mostly_cut_cannot_pass():
+    # Every changed answer ran into the budget just above the parent's length: counted at its cut
+    # length the ratio would be x1.03, well within the limit; the truth could be anything longer.
+    parent = record("baseline", None, BASE, lengths=[60] * 100)
+    child = record("w", "baseline", BASE, lengths=[64] * 40 + [60] * 60,
+                   finish=["length"] * 40 + ["stop"] * 60)
+    length = length_checks(child, parent, POLICY)[0]
+    assert length.status == "inconclusive" and not length.passed
+    assert "40 of 40 changed answers (100%) cut at the budget" in length.reason
+    assert "only bounded below, by x1.020" in length.reason
+    assert "ci_high" not in length.details  # no infinities in the verdict's JSON
+    assert math.exp(length.details["lower_bound"]) == pytest.approx(1.020, abs=1e-3)
+
+
+def test_too_few_pairs_block_even_where_the_rule_is_advisory():
+    lax = GatePolicy.model_validate({"length": {"required": False}})
+    parent, child = record("baseline", None, [1.0] * 10), record("w", "baseline", [1.0] * 10)
+    length = length_checks(child, parent, lax)[0]
+    assert length.status == "inconclusive" and not length.passed
+    assert "only 10 pairs with both lengths known (< 20)" in length.reason
+
+
+def test_each_step_within_its_limit_still_fails_the_chain_against_the_baseline():
+    stages = [record("baseline", None, BASE, lengths=[40] * 100),
+              record("w", "baseline", BASE, lengths=[43] * 100),   # x1.073 vs its parent
+              record("a", "w", BASE, lengths=[46] * 100, kind="activations")]  # x1.068, x1.146
+    verdict = decide("c", stages, POLICY)
+    assert checks(verdict, "w")["length"].status == "pass"
+    assert "length.baseline" not in checks(verdict, "w")  # its parent is the baseline
+    found = checks(verdict, "a")
+    assert found["length"].status == "pass" and found["length.baseline"].status == "fail"
+    assert "vs the baseline x1.146" in found["length.baseline"].reason
+    assert verdict.accepted_stage == "w"
+
+
+def test_length_ratios_are_per_set_and_nonzero_where_an_answer_changed_length():
+    parent = stage("baseline", None, {"math": (np.full(30, 40.0), 64),
+                                      "long_context": (np.full(30, 8.0), 64)})
+    child = stage("w", "baseline", {"math": (np.where(np.arange(30) < 5, 50.0, 40.0), 64),
+                                    "long_context": (np.full(30, 8.0), 64)})
+    ratios = length_ratios(child, parent)
+    assert np.count_nonzero(ratios["math"]) == 5 and not np.count_nonzero(ratios["long_context"])
+    assert [c.rule for c in length_checks(child, parent, POLICY, parent)] == [
+        "length", "length.math", "length.long_context", "length.finish"]
+
+
+def test_more_responses_cut_off_at_the_budget_fail():
+    before = ["stop"] * 100
+    after = ["length"] * 30 + ["stop"] * 70
+    verdict = decide("c", [record("baseline", None, BASE, finish=before),
+                           record("w", "baseline", BASE, finish=after)], POLICY)
+    finish = checks(verdict, "w")["length.finish"]
+    assert finish.status == "fail" and "30.0% vs parent 0.0%" in finish.reason
+
+
+@pytest.mark.parametrize("baseline_is", ["none", "parent"])
+def test_no_separate_baseline_rule_when_the_parent_is_the_baseline(baseline_is):
+    parent, child = record("baseline", None, BASE), record("w", "baseline", BASE)
+    found = length_checks(child, parent, POLICY, None if baseline_is == "none" else parent)
+    assert [c.rule for c in found] == ["length", "length.finish"]
