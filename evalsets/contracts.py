@@ -67,6 +67,10 @@ class Contract(BaseModel):
     group: str | None = Field(
         default=None, description="Field naming the item's sub-group (QualityItem.group)."
     )
+    cluster: str | None = Field(
+        default=None, description="Field naming the item's cluster of near-duplicates, e.g. its "
+        "template (QualityItem.cluster): the gates' intervals resample clusters, not items."
+    )
     lengths: LengthRule | None = Field(default=None, description="Token-length bounds per group.")
     check: str | None = Field(
         default=None, pattern=r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$",
@@ -81,7 +85,7 @@ class Contract(BaseModel):
 
     @property
     def fields(self) -> list[str]:
-        extra = [self.group] if self.group else []
+        extra = [field for field in (self.group, self.cluster) if field]
         extra += [self.lengths.field] if self.lengths else []
         return list(dict.fromkeys([self.id, *self.prompt, *self.reference, *extra]))
 

@@ -72,6 +72,13 @@ def group_field(spec: EvalSetSpec) -> str | None:
     return load_contract(spec.info).group
 
 
+def cluster_field(spec: EvalSetSpec) -> str | None:
+    """The doc field that names an item's cluster of near-duplicates, from the set's contract."""
+    from evalsets.contracts import load_contract
+
+    return load_contract(spec.info).cluster
+
+
 def _only_groups(field: str | None, groups: list[str], name: str) -> Callable[[Any], Any]:
     if field is None:
         raise MeasurementError(f"eval set {name!r} declares no group field; cannot select groups")
@@ -132,13 +139,15 @@ def samples_to_items(
     count_tokens: Callable[[str], int] | None = None,
     server_finish: dict[str, ServerFinish] | None = None,
     group_field: str | None = None,
+    cluster_field: str | None = None,
 ) -> list[QualityItem]:
     """lm-eval's logged samples as QualityItems, in doc order; ids must be present and unique.
 
     Output tokens and finish reason come from the server when it reported them for that exact
     response text; otherwise tokens are counted with `count_tokens` and a response that used the
     whole budget counts as cut off ('length'). `group_field` names the doc field copied into
-    `QualityItem.group` (a long-context bucket, say).
+    `QualityItem.group` (a long-context bucket, say), `cluster_field` the one copied into
+    `QualityItem.cluster` (a template, say).
     """
     items = []
     for sample in sorted(samples, key=lambda s: s["doc_id"]):
@@ -169,6 +178,8 @@ def samples_to_items(
                 finish_reason=finish,
                 group=str(doc[group_field]) if group_field and doc.get(group_field) is not None
                 else None,
+                cluster=str(doc[cluster_field])
+                if cluster_field and doc.get(cluster_field) is not None else None,
             )
         )
     ids = [item.id for item in items]
@@ -351,7 +362,7 @@ def run_evalset(
     _save_raw(results, out_dir / (f"{spec.name}-from{start}" if start else spec.name))
     items = samples_to_items(
         results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish,
-        group_field(spec),
+        group_field(spec), cluster_field(spec),
     )
     if not items:
         raise MeasurementError(f"quality: eval set {spec.name!r} produced no items")

@@ -33,6 +33,8 @@ class EvalSetInfo:
     scorer: Scorer | None = None
     prompt_field: str | None = None
     id_field: str = "id"
+    group_field: str | None = None
+    cluster_field: str | None = None
 
     @property
     def task_yaml(self) -> Path:
@@ -84,6 +86,12 @@ class EvalSetSpec(BaseModel):
         default=None, description="Data file: the field holding the prompt (default 'prompt'; a "
                                   "'messages' field of {role, content} turns is a dialogue).")
     id_field: str | None = Field(default=None, description="Data file: the item id field ('id').")
+    group_field: str | None = Field(
+        default=None, description="Data file: a field naming each item's group (a difficulty, a "
+        "length bucket): groups are strata of the set's interval and are shown per group.")
+    cluster_field: str | None = Field(
+        default=None, description="Data file: a field naming each item's cluster of "
+        "near-duplicates (a template, a source document): intervals count clusters, not items.")
     limit: int | None = Field(default=None, gt=0, description="Use only the first N items.")
     max_gen_toks: int | None = Field(
         default=None, gt=0, description="Override the task's generation budget in tokens."
@@ -105,7 +113,8 @@ class EvalSetSpec(BaseModel):
                 # ValueError so pydantic reports the field; callers see the valid names.
                 raise ValueError(f"unknown eval set {self.name!r}: {did_you_mean(self.name, tuple(sets))}"
                                  " (or give `path` to bring your own set)")
-            extra = [f for f in ("scorer", "prompt_field", "id_field") if getattr(self, f) is not None]
+            extra = [f for f in ("scorer", "prompt_field", "id_field", "group_field",
+                                 "cluster_field") if getattr(self, f) is not None]
             if extra:
                 raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} only apply to your "
                                  "own data file (`path`)")
@@ -120,7 +129,8 @@ class EvalSetSpec(BaseModel):
             if not (self.path / TASK_FILE).is_file():
                 raise ValueError(f"path {str(self.path)!r}: a folder needs an lm-eval {TASK_FILE}; "
                                  f"or point path at a data file ({', '.join(DATA_SUFFIXES)})")
-            extra = [f for f in ("scorer", "prompt_field", "id_field") if getattr(self, f) is not None]
+            extra = [f for f in ("scorer", "prompt_field", "id_field", "group_field",
+                                 "cluster_field") if getattr(self, f) is not None]
             if extra:
                 raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} apply to a data file; "
                                  f"the folder's {TASK_FILE} (and contract.yaml) declare them")
@@ -146,4 +156,5 @@ class EvalSetSpec(BaseModel):
             return EvalSetInfo(name=self.name, folder=self.path)
         return EvalSetInfo(name=self.name, folder=self.path.parent, data_file=self.path,
                            scorer=self.scorer, prompt_field=self.prompt_field,
-                           id_field=self.id_field or "id")
+                           id_field=self.id_field or "id", group_field=self.group_field,
+                           cluster_field=self.cluster_field)

@@ -144,7 +144,8 @@ def contract(info: EvalSetInfo) -> Any:
     """The data contract a user data file implies: id, prompt and the scorer's fields."""
     from evalsets.contracts import Contract
 
-    return Contract(id=info.id_field, prompt=[prompt_field(info)], reference=info.scorer.fields)
+    return Contract(id=info.id_field, prompt=[prompt_field(info)], reference=info.scorer.fields,
+                    group=info.group_field, cluster=info.cluster_field)
 
 
 def _row_error(info: EvalSetInfo, row: dict, field: str, why: str) -> SpecError:
@@ -194,8 +195,10 @@ def _documents(info: EvalSetInfo) -> Any:
     import datasets
 
     rows = read_rows(info.data_file)
+    labels = [field for field in (info.group_field, info.cluster_field) if field]
     docs = [{"id": str(row[info.id_field]),
              "row": json.dumps({k: v for k, v in row.items() if k != LINE}, ensure_ascii=False)}
+            | {field: str(row[field]) for field in labels}  # read into QualityItem by the runner
             for row in rows]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 

@@ -14,6 +14,8 @@ rate near 5 % or 95 % runs `--near-target-trials` trials.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policy", default="default", help="Policy name or path.")
     parser.add_argument("--only", default=None, help="Rows whose label contains this text.")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="Rows simulated in parallel processes.")
     args = parser.parse_args(argv)
     policy = load_policy(args.policy, Path.cwd())
     print("decide() over simulated runs; demo sets "
@@ -119,18 +123,23 @@ def main(argv: list[str] | None = None) -> None:
           "go80 >= 80 %, rollback <= 5 %, never = 0 %")
     print(f"{'scenario':46} {'expected':>9} {'P(go)':>7} {'95 % CI':>15} {'n':>5}      "
           "blocking rules (share of runs)")
-    for scenario in scenarios(policy):
-        if args.only and args.only not in scenario.label:
-            continue
-        trials = max(args.trials, args.near_target_trials) if scenario.near_target \
-            else args.trials
-        rate, blocking = p_go(scenario, policy, trials, args.seed)
-        low, high = wilson(round(rate * trials), trials)
-        top = ", ".join(f"{rule} {count / trials:.0%}"
-                        for rule, count in sorted(blocking.items(), key=lambda kv: -kv[1])[:3])
-        print(f"{scenario.label:46} {scenario.expect:>9} {rate:7.1%} "
-              f"[{low:6.1%}, {high:6.1%}] {trials:5} {meets(scenario, rate):>4}  {top}",
-              flush=True)
+    rows = [(scenario, max(args.trials, args.near_target_trials) if scenario.near_target
+             else args.trials) for scenario in scenarios(policy)
+            if not args.only or args.only in scenario.label]
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        results = pool.imap(_row, [(scenario, policy, trials, args.seed)
+                                   for scenario, trials in rows])
+        for (scenario, trials), (rate, blocking) in zip(rows, results, strict=True):
+            low, high = wilson(round(rate * trials), trials)
+            top = ", ".join(f"{rule} {count / trials:.0%}" for rule, count in
+                            sorted(blocking.items(), key=lambda kv: -kv[1])[:3])
+            print(f"{scenario.label:46} {scenario.expect:>9} {rate:7.1%} "
+                  f"[{low:6.1%}, {high:6.1%}] {trials:5} {meets(scenario, rate):>4}  {top}",
+                  flush=True)
+
+
+def _row(args: tuple[Scenario, GatePolicy, int, int]) -> tuple[float, dict]:
+    return p_go(*args)
 
 
 if __name__ == "__main__":

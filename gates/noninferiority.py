@@ -53,7 +53,9 @@ def design_effect(differences: list[int], clusters: list[str]) -> float:
     if independent == 0:
         return 1.0
     _, index = np.unique(np.asarray(clusters), return_inverse=True)
-    robust = float(np.sum(np.bincount(index, weights=centred) ** 2))
+    groups = int(index.max()) + 1
+    # G / (G - 1): the sandwich estimator's small-sample correction (few clusters read too low).
+    robust = float(np.sum(np.bincount(index, weights=centred) ** 2)) * groups / max(1, groups - 1)
     return max(1.0, robust / independent)
 
 

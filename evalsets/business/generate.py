@@ -149,6 +149,7 @@ def _label_task(
         )
         return {"group": "classify", "scorer": "exact", "prompt": prompt, "reference": label}
 
+    make.__name__ = f"classify_{noun.lower()}"  # the template's name: its items' cluster
     return make
 
 
@@ -306,7 +307,8 @@ def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[Row]:
     for index in range(count):
         template = TEMPLATES[index % len(TEMPLATES)]
         row = _fresh(template, rng, index // len(TEMPLATES), seen, seed, index)
-        rows.append({"id": f"biz-{index:04d}", **row, "schema": row.get("schema", "")})
+        rows.append({"id": f"biz-{index:04d}", **row, "schema": row.get("schema", ""),
+                     "template": template.__name__.lstrip("_")})
     return rows
 
 

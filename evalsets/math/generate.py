@@ -210,7 +210,8 @@ def generate(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict[
     for index in range(count):
         template = TEMPLATES[index % len(TEMPLATES)]
         question, answer = _fresh(template, rng, seen, seed, index)
-        problems.append({"id": f"math-{index:04d}", "question": question, "answer": str(answer)})
+        problems.append({"id": f"math-{index:04d}", "question": question, "answer": str(answer),
+                         "template": template.__name__.lstrip("_")})
     return problems
 
 

@@ -54,9 +54,20 @@ def test_shipped_sets_pass():
     assert rows["long_context"] >= 4 * 30
 
 
-def test_contract_read_off_task_yaml_when_no_contract_file():
-    contract = load_contract(EvalSetSpec(name="math").info)
+def test_contract_read_off_task_yaml_when_no_contract_file(tmp_path):
+    import shutil
+
+    from evalsets.spec import EvalSetInfo
+
+    math_info = EvalSetSpec(name="math").info
+    shutil.copy(math_info.folder / "task.yaml", tmp_path / "task.yaml")
+    contract = load_contract(EvalSetInfo(name="plain", folder=tmp_path))
     assert contract == Contract(id="id", prompt=["question"], reference=["answer"])
+
+
+def test_generated_sets_declare_their_templates_as_clusters():
+    for name in ("math", "business"):
+        assert load_contract(EvalSetSpec(name=name).info).cluster == "template"
 
 
 def test_good_rows_pass(tmp_path):

@@ -48,7 +48,7 @@ def test_enough_items_with_unique_ids_and_integer_answers():
     assert len(problems) >= 1000
     assert len({p["id"] for p in problems}) == len(problems)
     assert len({p["question"] for p in problems}) == len(problems), "a question appears twice"
-    assert set(problems[0]) == {"id", "question", "answer"}
+    assert set(problems[0]) == {"id", "question", "answer", "template"}
     for problem in problems:
         assert int(problem["answer"]) >= 0
         assert str(int(problem["answer"])) == problem["answer"]

@@ -12,6 +12,7 @@ from evalsets.results import QualityResult, TaskQuality
 from evalsets.runner import (
     ServerFinish,
     check_server,
+    cluster_field,
     group_field,
     load_task_config,
     primary_metric,
@@ -155,6 +156,15 @@ def test_group_comes_from_the_declared_doc_field():
     assert item.group == "512"
     (plain,) = samples_to_items([_sample(0, "a", "5", 1.0)], "exact_match", 8)
     assert plain.group is None
+
+
+def test_cluster_comes_from_the_contract_and_the_doc():
+    sample = _sample(0, "math-0000", "17", 1.0)
+    sample["doc"]["template"] = "add_small"
+    (item,) = samples_to_items([sample], "exact_match", 8, cluster_field="template")
+    assert item.cluster == "add_small" and item.group is None
+    assert cluster_field(EvalSetSpec(name="math")) == "template"
+    assert cluster_field(EvalSetSpec(name="long_context")) is None
 
 
 def test_long_context_groups_field_and_selection():

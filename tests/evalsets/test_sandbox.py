@@ -24,7 +24,11 @@ strong = pytest.mark.skipif(
 
 
 def _leftovers() -> list[int]:
-    """Processes of any sandbox uid (>= 200000) still alive (zombies are dead already)."""
+    """Processes of this process's sandbox uids still alive (zombies are dead already); another
+    test process's sandboxes (pytest-xdist runs HumanEval's in parallel) have uids of their own."""
+    from evalsets.sandbox import UIDS_PER_PROCESS
+
+    first = 200_000 + (os.getpid() % 4000) * UIDS_PER_PROCESS
     alive = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -35,7 +39,7 @@ def _leftovers() -> list[int]:
             continue
         uid = int(status.split("Uid:")[1].split()[0])
         state = status.split("State:")[1].split()[0]
-        if uid >= 200_000 and state != "Z":
+        if first <= uid < first + UIDS_PER_PROCESS and state != "Z":
             alive.append(int(entry.name))
     return alive
 

@@ -258,3 +258,22 @@ def test_declared_field_names_map_onto_ids_and_prompts(tmp_path):
     with pytest.raises(SpecError, match=r"no field 'prompt' in any row"):
         validate_sets([user_set(tmp_path / "t.csv", {"kind": "exact", "field": "team"},
                                 id_field="ticket")])
+
+
+def test_a_user_file_declares_groups_and_clusters_that_reach_the_items(tmp_path):
+    rows = [row | {"level": "hard" if row["id"] % 2 else "easy", "source": f"doc{row['id'] // 3}"}
+            for row in ROWS]
+    spec = user_set(write_jsonl(tmp_path / "t.jsonl", rows), max_gen_toks=1,
+                    group_field="level", cluster_field="source")
+    validate_sets([spec])
+    with FakeOpenAI() as fake:
+        task = run_evalset(fake.base_url, fake.model, spec, tmp_path / "out", None,
+                           apply_chat_template=False, num_concurrent=1)
+    assert [item.group for item in task.items] == ["easy", "hard"] * 3
+    assert [item.cluster for item in task.items] == ["doc0"] * 3 + ["doc1"] * 3
+    missing = [row | {"level": "easy"} for row in ROWS]
+    with pytest.raises(SpecError, match="source"):
+        validate_sets([user_set(write_jsonl(tmp_path / "m.jsonl", missing),
+                                group_field="level", cluster_field="source")])
+    with pytest.raises(ValidationError, match="cluster_field"):
+        EvalSetSpec(name="math", cluster_field="template")
