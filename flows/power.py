@@ -75,12 +75,20 @@ def _cache_dir() -> Path:
     return Path(root) / "quantgate" / "power"
 
 
+def _rules_digest() -> str:
+    """The rules and the simulation as they are in this checkout: a changed rule is a new key."""
+    import gates
+
+    sources = sorted(Path(gates.__file__).parent.glob("*.py"))
+    return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
+
+
 def _cached(shapes: tuple[SetShape, ...], axes: dict[str, str],
             policy: GatePolicy) -> DecisionPower:
     """The simulation is seeded, so its inputs name its result: a spec validated and then run,
     or the same sets in another spec, simulate once per machine (a few seconds each time)."""
     key = hashlib.sha256(json.dumps(
-        [SIMULATION_VERSION, [dataclasses.asdict(s) for s in shapes], axes,
+        [SIMULATION_VERSION, _rules_digest(), [dataclasses.asdict(s) for s in shapes], axes,
          policy.model_dump(mode="json")], sort_keys=True).encode()).hexdigest()[:24]
     path = _cache_dir() / f"{key}.json"
     try:
