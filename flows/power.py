@@ -43,14 +43,17 @@ def set_shapes(spec: Spec, pools: dict[str, int]) -> tuple[SetShape, ...]:
     for evalset in spec.evalsets:
         pool = pools[evalset.name]
         groups = group_values(evalset) or [""]
+        budget = evalset.max_gen_toks or 256
+        # Answers planned to fit their budget (about 1 in 70 cut): a set whose answers do not
+        # fit is a problem of the set, which the length rules name once it runs.
         shapes.append(SetShape(evalset.name, min(evalset.limit or pool, pool), pool,
                                dict.fromkeys(groups, PLANNING_ACCURACY),
-                               budget=evalset.max_gen_toks or 256))
+                               tokens=min(60.0, budget / 3), budget=budget))
     return tuple(shapes)
 
 
 def check_decision_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
-                         policy: GatePolicy) -> list[DecisionPower]:
+                         policy: GatePolicy, trials: int = 100) -> list[DecisionPower]:
     """One simulation per kind of judgement the spec's stages get (precision class, per group or
     not); refuse the spec when an equivalent stage would go less often than the policy's power."""
     shapes = set_shapes(spec, pools)
@@ -60,7 +63,7 @@ def check_decision_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
             continue
         axes = stage.axes.model_dump(exclude={"emulated"})
         kinds.setdefault((precision_class(axes), groups_required(axes, policy)), axes)
-    plans = [_cached(shapes, axes, policy) for axes in kinds.values()]
+    plans = [_cached(shapes, axes, policy, trials) for axes in kinds.values()]
     for plan in plans:
         if plan.equivalent < policy.quality.power:
             raise SpecError(
@@ -83,19 +86,19 @@ def _rules_digest() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
 
 
-def _cached(shapes: tuple[SetShape, ...], axes: dict[str, str],
-            policy: GatePolicy) -> DecisionPower:
+def _cached(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
+            trials: int) -> DecisionPower:
     """The simulation is seeded, so its inputs name its result: a spec validated and then run,
     or the same sets in another spec, simulate once per machine (a few seconds each time)."""
     key = hashlib.sha256(json.dumps(
         [SIMULATION_VERSION, _rules_digest(), [dataclasses.asdict(s) for s in shapes], axes,
-         policy.model_dump(mode="json")], sort_keys=True).encode()).hexdigest()[:24]
+         policy.model_dump(mode="json"), trials], sort_keys=True).encode()).hexdigest()[:24]
     path = _cache_dir() / f"{key}.json"
     try:
         return DecisionPower(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    plan = decision_power(shapes, axes, policy)
+    plan = decision_power(shapes, axes, policy, trials)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(plan)))

@@ -252,8 +252,9 @@ def quality_checks(
     decided: dict[str, Check] = {}
     for look, sizes in enumerate(earlier, start=1):
         for check in checks_at_look(_prefix(stage, sizes), parent, baseline, policy):
+            # A look at which some set was too small to take part decides nothing pooled.
             if (check.rule not in decided and check.status in ("pass", "fail")
-                    and "ci_low" in check.details):
+                    and "ci_low" in check.details and not check.details.get("sets_too_small")):
                 items = check.details.get("n")
                 check.reason = f"decided at look {look} ({items} items): {check.reason}"
                 decided[check.rule] = check
@@ -306,7 +307,9 @@ def checks_at_look(
                 continue
             group_checks.append(set_check(g, group_margin, per_group, policy, "group"))
     if not problems and sets:
-        checks.insert(0, pooled_check(sets, margin, precision, policy))
+        pooled = pooled_check(sets, margin, precision, policy)
+        pooled.details["sets_too_small"] = len(paired) - len(sets)
+        checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
     checks += [set_check(s, set_margin, True, policy) for s in sets]

@@ -6,7 +6,7 @@ every rule that items can block (the pooled, per-set and per-group accuracy rule
 a stage as good as the baseline whose items flip at the policy's planning discordance (the
 chance of a go: power) and for a stage that loses exactly the pooled margin (the chance of a
 false go). Planning assumptions, stated with the figure: baseline accuracy 50 % in every group,
-answers of about 60 tokens, divergence and latency as a good stage's.
+answers of about 60 tokens (a third of a smaller budget), divergence and latency as a good stage's.
 """
 
 from __future__ import annotations

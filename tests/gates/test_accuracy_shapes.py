@@ -141,3 +141,16 @@ def test_a_rule_decided_at_an_earlier_look_stays_decided():
     undecided = record("s", "baseline", {"math": items(first + later_stage)})
     again = by_rule(quality_checks(undecided, baseline, baseline, POLICY))["quality.accuracy"]
     assert again.status != "pass"
+
+
+def test_an_earlier_look_without_every_set_decides_nothing_pooled():
+    """At look 1 a 10-item set could not take part: the pooled pass of that look does not stand."""
+    good = [1.0] * 100 + [0.0] * 100
+    small_base = [1.0] * 20 + [0.0] * 20
+    small_stage = [0.0] * 16 + [1.0] * 4 + [0.0] * 20  # collapsed: -40 pts
+    baseline = record("baseline", None, {"math": items(good), "code": items(small_base)})
+    stage = record("s", "baseline", {"math": items(good), "code": items(small_stage)},
+                   look_sizes=[{"math": 200, "code": 10}])
+    checks = by_rule(quality_checks(stage, baseline, baseline, POLICY))
+    assert "decided at look 1" not in checks["quality.accuracy"].reason
+    assert checks["quality.code"].status == "fail"

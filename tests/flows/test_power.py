@@ -1,0 +1,47 @@
+"""Validate's whole-decision power: the spec's sets as simulated shapes, refused below the policy."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from evalsets.spec import EvalSetSpec
+from flows.axes import Axes
+from flows.power import check_decision_power, group_values, set_shapes
+from gates.policy import GatePolicy
+from infra.errors import SpecError
+
+W8A8 = Axes(weights="int8/channel", activations="int8/token/dynamic", kv_cache="auto")
+KV = W8A8.model_copy(update={"kv_cache": "fp8_e4m3"})
+
+
+def stages(*axes: Axes) -> list[SimpleNamespace]:
+    base = SimpleNamespace(parent=None, axes=Axes(weights="none", activations="none",
+                                                  kv_cache="auto"))
+    return [base] + [SimpleNamespace(parent="baseline", axes=a) for a in axes]
+
+
+def test_shapes_carry_sizes_pools_groups_and_budgets(tmp_path):
+    sets = [EvalSetSpec(name="math", limit=60, max_gen_toks=30),
+            EvalSetSpec(name="long_context", limit=40, groups=["512", "4k"])]
+    assert group_values(sets[1]) == ["512", "4k"]
+    math, long_context = set_shapes(SimpleNamespace(evalsets=sets),
+                                    {"math": 1040, "long_context": 60})
+    assert (math.first, math.pool, math.groups, math.budget) == (60, 1040, [""], 30)
+    assert math.tokens == 10  # planned to fit a small budget
+    assert long_context.groups == ["512", "4k"] and long_context.first == 40
+
+
+def test_a_spec_too_small_for_its_kv_stage_is_refused_with_what_blocks(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = SimpleNamespace(evalsets=[EvalSetSpec(name="math", limit=60),
+                                     EvalSetSpec(name="long_context", limit=40)])
+    pools = {"math": 1040, "long_context": 60}  # 15 per bucket at most: below min_items
+    plans = check_decision_power(spec, stages(W8A8), pools, GatePolicy(), trials=30)
+    assert len(plans) == 1 and not plans[0].per_group and plans[0].equivalent >= 0.8
+    assert plans[0].at_margin <= 0.1
+    with pytest.raises(SpecError, match=r"per group: KV cache.*quality\.long_context\.") as err:
+        check_decision_power(spec, stages(W8A8, KV), pools, GatePolicy(), trials=30)
+    assert "raise the limits" in str(err.value)
+    assert list((tmp_path / "quantgate" / "power").glob("*.json"))  # simulated once, kept
