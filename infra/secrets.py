@@ -31,6 +31,20 @@ _URI_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<passw
 _KEY_VALUE = re.compile(
     r"""(?P<key>["']?[\w.-]*(api[-_]?key|token|secret|passw(or)?d)["']?\s*[=:]\s*)"""
     r"""(?P<quote>["']?)(?P<value>[^\s"',;&}\]]+)""", re.IGNORECASE)
+# A credential flag followed by its value as a command line, a list or its repr shows it:
+# `--api-key sk-1…`, `['--api-key', 'sk-1…']`, `"--hf-token", "hf_1…"`. The credential word is a
+# whole part of the flag's name (`--tokenizer-mode` is no token), and the value must look like a
+# credential (a digit or a sign in it, or 20 characters), so prose such as "the --api-key flag"
+# stays readable.
+_FLAG_VALUE = re.compile(
+    r"""(?P<flag>--?(?:[\w]+-)*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)(?:-[\w]+)*)"""
+    r"""(?P<between>["']?\s*,?\s*["']?)(?P<value>[^\s"',\]\-][^\s"',\]]*)""", re.IGNORECASE)
+
+
+def _looks_secret(value: str) -> bool:
+    return len(value) >= 20 or (len(value) >= 8 and bool(re.search(r"[\d_\-+/=.]", value)))
+
+
 _MIN_SECRET = 6  # shorter values would mask ordinary words
 _remembered: set[str] = set()
 
@@ -54,6 +68,8 @@ def redact(text: str) -> str:
         return text
     text = _URI_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
     text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['quote']}{MASK}", text)
+    text = _FLAG_VALUE.sub(lambda m: f"{m['flag']}{m['between']}{MASK}"
+                           if m["between"] and _looks_secret(m["value"]) else m[0], text)
     for value in sorted(secret_values(), key=len, reverse=True):
         text = text.replace(value, MASK)
     return text

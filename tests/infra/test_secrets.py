@@ -22,6 +22,9 @@ def forget(monkeypatch):
     f'{{"api_key": "{KEY}"}}',
     f"hf_token: {KEY}",
     f"MLFLOW_TRACKING_PASSWORD={KEY}",
+    f"engine.extra_args ['--api-key', '{KEY}', '--quantization', 'fp8'] is refused",
+    f'["--hf-token", "{KEY}"]',
+    f"vllm serve m --api-key {KEY} --port 8000",
 ])
 def test_credentials_in_text_are_masked(text):
     out = redact(text)
@@ -31,6 +34,8 @@ def test_credentials_in_text_are_masked(text):
 def test_ordinary_text_is_left_alone():
     text = "max_tokens: 32, output_tokens=17, tokenizer: /models/x http://127.0.0.1:8000/v1"
     assert redact(text) == text
+    prose = "give the key through --api-key instead; --tokenizer-mode slow; --api-key --port 8"
+    assert redact(prose) == prose
 
 
 def test_remembered_and_environment_values_are_masked_anywhere(monkeypatch):
