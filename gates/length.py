@@ -16,12 +16,15 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   likelihood fit of their mean mu1, and the mean log ratio is (1 - p0) * mu1, its standard error
   by the delta method (the fit's observed information, p0's binomial variance) times
   sqrt(n / (n - 1)): without censoring, exactly the paired t-test of the mean.
-- A set passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
-  log(1 - limit)..log(1 + limit): two one-sided tests at quality.alpha (Schuirmann), so a set
-  drifting by exactly the limit passes at most alpha of the time. A go needs every set and the
-  pooled ratio to pass (an intersection-union test: each at the full level). A set fails when
-  its one-sided p of lying beyond the limit, Holm-adjusted over the sets and the pooled ratio,
-  is below alpha. Otherwise it is inconclusive.
+- A ratio passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
+  log(1 - limit)..log(1 + limit): two one-sided tests at quality.alpha (Schuirmann), so a ratio
+  drifting by exactly the limit passes at most alpha of the time. The pooled ratio (the sets'
+  ratios with equal weights, as accuracy pools them, so one large unchanged set cannot dilute
+  drift in the others) decides the pass: one set's items cannot resolve +-10 % when a changed greedy answer is
+  often a different answer (sigma 0.55 per pair on the demo model). Any set, or the pool, fails
+  when its one-sided p of lying beyond the limit, Holm-adjusted over the sets and the pool, is
+  below alpha, so drift in some sets cannot hide behind unchanged ones; a set's own unresolved
+  ratio is shown, not blocking.
 - Fail closed: a set with fewer than quality.min_items kept pairs is inconclusive and blocks
   whatever the policy says; one where more than length.max_censored_share of the changed pairs
   were cut rests on the normal tail, not on its data, and cannot pass: it fails only when its cut
@@ -84,6 +87,8 @@ class Drift:
     p_below: float  # one-sided p of "mean >= log(1 - limit)"
     unresolved: str | None = None  # why the set cannot pass
     too_few: bool = False
+    se: float = math.inf  # standard error of the estimate
+    df: float = math.inf  # its degrees of freedom
 
     @property
     def p_beyond(self) -> float:
@@ -91,19 +96,49 @@ class Drift:
 
 
 def _t_interval(mean: float, se: float, n: int, alpha: float,
-                bounds: tuple[float, float]) -> tuple[float, float, float, float]:
-    """The 1 - 2 alpha interval, p above bounds[1], p below bounds[0] (n - 1 degrees of freedom)."""
+                bounds: tuple[float, float], df: float | None = None,
+                ) -> tuple[float, float, float, float]:
+    """The 1 - 2 alpha interval, p above bounds[1], p below bounds[0] (n - 1 degrees of freedom
+    unless `df` is given)."""
+    df = n - 1 if df is None else df
     if se == 0:
         return mean, mean, float(mean <= bounds[1]), float(mean >= bounds[0])
-    half = stats.t.isf(alpha, n - 1) * se
-    return (mean - half, mean + half, float(stats.t.sf((mean - bounds[1]) / se, n - 1)),
-            float(stats.t.sf((bounds[0] - mean) / se, n - 1)))
+    half = stats.t.isf(alpha, df) * se
+    return (mean - half, mean + half, float(stats.t.sf((mean - bounds[1]) / se, df)),
+            float(stats.t.sf((bounds[0] - mean) / se, df)))
 
 
 def _drift(mean: float, se: float, counts: dict[str, int], alpha: float,
-           bounds: tuple[float, float]) -> Drift:
-    low, high, p_above, p_below = _t_interval(mean, se, counts["n"], alpha, bounds)
-    return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below)
+           bounds: tuple[float, float], df: float | None = None) -> Drift:
+    df = counts["n"] - 1 if df is None else df
+    low, high, p_above, p_below = _t_interval(mean, se, counts["n"], alpha, bounds, df)
+    return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below, se=se, df=df)
+
+
+def pooled_drift(results: list[Drift], bounds: tuple[float, float], alpha: float) -> Drift:
+    """Equal weights over the sets, as the accuracy rule pools them: one large set that kept its
+    lengths cannot dilute three that drifted. The mean of the sets' estimates, its variance the
+    sum of theirs over k^2, Welch-Satterthwaite degrees of freedom. A set too small to judge is
+    left out (and named); one whose censoring leaves it unbounded leaves the pool unbounded."""
+    usable = [r for r in results if not r.too_few]
+    counts = {"n": sum(r.n for r in results), "changed": sum(r.changed for r in results),
+              "cut": sum(r.cut for r in results), "set_aside": sum(r.set_aside for r in results)}
+    if not usable:
+        return Drift(0.0, -math.inf, math.inf, **counts, p_above=1.0, p_below=1.0,
+                     too_few=True, unresolved="no set has enough pairs: cannot decide, fail "
+                     "closed")
+    k = len(usable)
+    mean = sum(r.estimate for r in usable) / k
+    unbounded = [r for r in usable if r.unresolved]
+    if unbounded:
+        low = sum(r.low for r in usable) / k
+        return Drift(mean, low, math.inf, **counts, p_above=min(r.p_above for r in usable),
+                     p_below=1.0, unresolved=f"{len(unbounded)} set(s) bounded below only "
+                     "(their cut answers): the pool is too")
+    variance = sum(r.se**2 for r in usable) / k**2
+    terms = sum(r.se**4 / r.df for r in usable if r.df > 0)
+    df = (k**2 * variance) ** 2 / terms if terms > 0 else math.inf
+    return _drift(mean, math.sqrt(variance), counts, alpha, bounds, df)
 
 
 def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> float:
@@ -211,11 +246,14 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
         return [missing(rule, f"output length vs the {reference_name}")]
     results = {name: drift(pairs, bounds, policy) for name, pairs in sets.items()}
     if len(sets) > 1:
-        results[POOLED] = drift(Pairs.pooled(list(sets.values())), bounds, policy)
+        results[POOLED] = pooled_drift(list(results.values()), bounds, alpha)
     adjusted = holm({name: r.p_beyond for name, r in results.items()})
     status = {name: _status(r, adjusted[name], bounds, alpha) for name, r in results.items()}
-    overall: Status = ("fail" if "fail" in status.values() else
-                       "pass" if all(s == "pass" for s in status.values()) else "inconclusive")
+    # The pooled ratio decides the pass (one set's items cannot resolve +-10 % when a changed
+    # greedy answer is often a different one: sigma 0.55 per pair); any set's confident drift
+    # (Holm) fails on its own, so drift in some sets cannot hide behind unchanged ones.
+    pooled_status = status[POOLED] if POOLED in status else next(iter(status.values()))
+    overall: Status = "fail" if "fail" in status.values() else pooled_status
     limit = f"limit x{math.exp(bounds[0]):.2f}..x{math.exp(bounds[1]):.2f}"
     level = 1 - 2 * alpha
 
@@ -241,12 +279,12 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
         "n": shown.n, "mean_log_ratio": shown.estimate, **_interval(shown),
         "changed": shown.changed, "cut": shown.cut, "set_aside": shown.set_aside,
     } | {f"p_holm.{name}": p for name, p in adjusted.items()}
-    too_few = any(r.too_few for r in results.values())
-    checks = [judged(rule, overall, rules.required or too_few, summary, value=shown.estimate,
-                     limit=bounds[1], details=details)]
+    checks = [judged(rule, overall, rules.required or shown.too_few, summary,
+                     value=shown.estimate, limit=bounds[1], details=details)]
     if len(sets) > 1:
+        # A set's own unresolved ratio is shown (the pooled rule decides); its drift fails.
         checks += [judged(
-            f"{rule}.{name}", status[name], rules.required or results[name].too_few,
+            f"{rule}.{name}", status[name], False,
             f"{name}: paired length ratio vs the {reference_name} {reason(name)}",
             value=results[name].estimate, limit=bounds[1],
             details={"n": results[name].n, "mean_log_ratio": results[name].estimate,

@@ -142,10 +142,12 @@ def stage_lengths(rng: np.random.Generator, parent_true: np.ndarray, ratio: floa
                   changed_share: float = 0.5) -> np.ndarray:
     """True lengths of a stage: about half its answers change (greedy decoding on a perturbed
     model), the changed ones by a lognormal factor whose mean log is set so that the mean log
-    ratio over all answers is log(ratio) exactly."""
+    ratio over all answers is log(ratio) exactly. Its sigma, 0.55, is what the real W8A16 stage
+    showed against the bf16 baseline on SmolLM2's math answers (76 of 142 changed; a changed
+    greedy answer is often a different answer, not a longer one)."""
     changed = rng.random(parent_true.size) < changed_share
     shift = math.log(ratio) / changed_share
-    factor = np.where(changed, np.exp(rng.normal(shift, 0.3, parent_true.size)), 1.0)
+    factor = np.where(changed, np.exp(rng.normal(shift, 0.55, parent_true.size)), 1.0)
     return np.maximum(1.0, parent_true * factor)
 
 

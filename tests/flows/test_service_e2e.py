@@ -57,7 +57,7 @@ def template(folder: Path, name: str, stages: list[dict], policy: str | None = "
         "engine": {"kind": "vllm", "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
                    "startup_timeout_s": 600},
         "stages": stages,
-        "evalsets": [{"name": "math", "limit": 60, "max_gen_toks": 64}],
+        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": 64}],  # as the tree's
         "load_profile": "ci",
     } | ({"gate_policy": policy} if policy else {})
     path = folder / f"{name}.yaml"
