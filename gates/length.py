@@ -151,11 +151,34 @@ def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray)
                  + special.log_ndtr(-z_censored).sum())
 
 
+# The spread of a changed pair's log ratio when too few changed answers were left uncut to
+# estimate it: what the real W8A16 stage showed on SmolLM2's math answers (a changed greedy answer
+# is often another answer). A near-identical stage (a control: 2 of 39 answers changed, 1 of them
+# cut) is then judged on its few changes instead of being unbounded by one cut answer.
+FALLBACK_SIGMA = 0.55
+
+
+def _tobit_fixed_sigma(exact: np.ndarray, censored: np.ndarray) -> tuple[float, float] | None:
+    """Censored-normal MLE of the mean with sigma fixed at FALLBACK_SIGMA, and its variance."""
+    log_sigma = math.log(FALLBACK_SIGMA)
+    start = float(np.concatenate([exact, censored]).mean())
+    fit = optimize.minimize_scalar(
+        lambda mu: -_log_likelihood(np.array([mu, log_sigma]), exact, censored),
+        bracket=(start - 1, start + 1))
+    mu, step = float(fit.x), 1e-4
+    curvature = (_log_likelihood(np.array([mu + step, log_sigma]), exact, censored)
+                 - 2 * _log_likelihood(np.array([mu, log_sigma]), exact, censored)
+                 + _log_likelihood(np.array([mu - step, log_sigma]), exact, censored)) / step**2
+    if not (math.isfinite(mu) and curvature < 0):
+        return None
+    return mu, -1 / curvature
+
+
 def _tobit(ratios: np.ndarray, cut: np.ndarray) -> tuple[float, float] | None:
     """Censored-normal MLE of the mean and its variance (observed information), or None."""
     exact, censored = ratios[~cut], ratios[cut]
     if exact.size < 2 or np.ptp(exact) == 0:
-        return None
+        return _tobit_fixed_sigma(exact, censored)
     start = np.array([ratios.mean(), math.log(ratios.std() + 1e-3)])
     fit = optimize.minimize(lambda p: -_log_likelihood(p, exact, censored), start, method="BFGS")
     if not np.all(np.isfinite(fit.x)):

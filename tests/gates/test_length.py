@@ -246,3 +246,17 @@ def test_no_separate_baseline_rule_when_the_parent_is_the_baseline(baseline_is):
     parent, child = record("baseline", None, BASE), record("w", "baseline", BASE)
     found = length_checks(child, parent, POLICY, None if baseline_is == "none" else parent)
     assert [c.rule for c in found] == ["length", "length.finish"]
+
+
+def test_a_near_identical_stage_with_one_cut_change_is_judged_on_its_few_changes():
+    """A control: 2 of 40 answers changed, one of them cut. Too few uncut changes to fit a spread:
+    the fit takes the spread real changed answers show, and the stage passes."""
+    lengths = np.array([30.0 + i % 7 for i in range(40)])
+    child_lengths = lengths.copy()
+    child_lengths[3] += 2
+    child_lengths[5] = 600  # cut at the 64-token budget
+    parent = stage("baseline", None, {"math": (lengths, 64)})
+    child = stage("control", "baseline", {"math": (child_lengths, 64)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length"].status == "pass", found["length"].reason
+    assert "1 stage answers cut" in found["length"].reason
