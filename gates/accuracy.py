@@ -389,7 +389,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
             for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
-    per_group = policy.quality.long_context_required or serves_quantized_kv(axes)
+    per_group = groups_required(axes, policy)
 
     def unresolved(counts: SetCounts, at: float) -> bool:
         if counts.n < q.min_items:
@@ -426,9 +426,9 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
 
 def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline: QualityResult,
                    policy: GatePolicy) -> list[str]:
-    """The sets to grow while a length rule is inconclusive: the sets whose own rule (vs the
-    parent or vs the baseline) is, or, where only the pooled rule is, those in which an answer
-    changed length. A set whose answers all kept their length (the demo's long-context
+    """The sets to grow while a blocking length rule is inconclusive: the sets whose own ratio
+    (vs the parent or vs the baseline) is unresolved, or, where only the pooled one is, those in
+    which an answer changed length. A set whose answers all kept their length (the demo's long-context
     retrievals, its costliest items) carries no drift to resolve: more of it would only dilute
     the pooled ratio toward x1, a pass bought by averaging in zeros."""
     def wrap(name: str, quality: QualityResult) -> StageRecord:
@@ -438,10 +438,11 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
     parent_record = wrap("parent", parent) if parent is not None else wrap("baseline", baseline)
     base_record = wrap("baseline", baseline)
     names = sorted(stage.tasks)
-    open_rules = {c.rule for c in length_checks(stage_record, parent_record, policy, base_record)
-                  if c.status == "inconclusive" and c.rule != "length.finish"}
-    if not open_rules:
+    found = [c for c in length_checks(stage_record, parent_record, policy, base_record)
+             if c.status == "inconclusive" and c.rule != "length.finish"]
+    if not any(not c.passed for c in found):  # only advisory ones open: nothing to decide
         return []
+    open_rules = {c.rule for c in found}
     named = {name for name in names for prefix in ("length.", "length.baseline.")
              if f"{prefix}{name}" in open_rules}
     if named:

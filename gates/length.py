@@ -66,11 +66,6 @@ class Pairs:
                    np.array([s.finish_reason == "length" for _, s in kept], dtype=bool),
                    len(known) - len(kept))
 
-    @classmethod
-    def pooled(cls, sets: list[Pairs]) -> Pairs:
-        return cls(np.concatenate([p.ratios for p in sets]), np.concatenate([p.cut for p in sets]),
-                   sum(p.set_aside for p in sets))
-
 
 @dataclass(frozen=True)
 class Drift:

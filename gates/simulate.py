@@ -22,6 +22,7 @@ drop it is raised, never the drop clipped.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -55,6 +56,15 @@ class SetShape:
         span = len(self.groups) * max(1, self.pool // (len(self.groups) * self.cluster_size))
         return index % span if self.cluster_size > 1 else index
 
+    @functools.cached_property
+    def group_labels(self) -> np.ndarray:
+        """Each pool item's group, computed once (every trial and stage reads it)."""
+        return np.array([self.group_of(i) for i in range(self.pool)])
+
+    @functools.cached_property
+    def cluster_labels(self) -> np.ndarray:
+        return np.array([self.cluster_of(i) for i in range(self.pool)])
+
 
 # The demo's sets at the sizes the demo runs: first look, pool, and the baseline accuracies the
 # real demo measured (long context per bucket: short contexts near the ceiling, 4k far lower).
@@ -83,13 +93,13 @@ def _correlated_uniforms(rng: np.random.Generator, shape: SetShape) -> np.ndarra
     own = rng.random(shape.pool)
     if shape.cluster_size <= 1 or shape.cluster_rho <= 0:
         return own
-    clusters = np.array([shape.cluster_of(i) for i in range(shape.pool)])
+    clusters = shape.cluster_labels
     shared = rng.random(clusters.max() + 1)[clusters]
     return np.where(rng.random(shape.pool) < shape.cluster_rho, shared, own)
 
 
 def baseline_answers(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
-    accuracy = np.array([shape.accuracy[shape.group_of(i)] for i in range(shape.pool)])
+    accuracy = np.vectorize(shape.accuracy.__getitem__, otypes=[float])(shape.group_labels)
     return _correlated_uniforms(rng, shape) < accuracy
 
 
@@ -117,7 +127,7 @@ def stage_answers(rng: np.random.Generator, shape: SetShape, parent: np.ndarray,
         key = f"{shape.name}.{group}" if group else shape.name
         target = _lookup(drop, key, shape.name)
         step = target - _lookup(before, key, shape.name)
-        members = np.array([shape.group_of(i) == group for i in range(shape.pool)])
+        members = shape.group_labels == group
         accuracy = float(parent[members].mean())
         p_break, p_fix = _flip_rates(accuracy, step, discordance)
         u = draws[members]

@@ -1,4 +1,4 @@
-"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Wilcoxon, Holm."""
+"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Holm."""
 
 from __future__ import annotations
 
@@ -157,14 +157,6 @@ def mcnemar_worse(broke: int, fixed: int) -> float:
     if broke + fixed == 0:
         return 1.0
     return float(stats.binomtest(broke, broke + fixed, 0.5, alternative="greater").pvalue)
-
-
-def wilcoxon_p(differences: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p of paired differences; 1.0 when nothing changed."""
-    differences = np.asarray(differences, dtype=float)
-    if np.count_nonzero(differences) == 0:
-        return 1.0
-    return float(stats.wilcoxon(differences, zero_method="wilcox").pvalue)
 
 
 def holm(pvalues: dict[str, float]) -> dict[str, float]:
