@@ -26,15 +26,21 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   below alpha, so drift in some sets cannot hide behind unchanged ones; a set's own unresolved
   ratio is shown, not blocking.
 - Fail closed: a set with fewer than quality.min_items kept pairs is inconclusive and blocks
-  whatever the policy says; one where more than length.max_censored_share of the changed pairs
-  were cut rests on the normal tail, not on its data, and cannot pass: it fails only when its cut
-  answers taken at their cut length (a lower bound of each ratio) already put it above the limit.
+  whatever the policy says. One where more than length.max_censored_share of the changed pairs
+  were cut, or too few were left uncut to fit, cannot carry a fit: its ratio is then the
+  restricted mean (each cut answer at its cut length, as survival analysis restricts a mean to
+  its horizon), which says how lengths moved within the budget and nothing beyond it. It may
+  pass only while the answers newly cut at the budget, over all sets against this reference, are
+  bounded (the upper end of their 1 - 2 alpha Wilson interval within
+  length.max_length_finish_increase): what ran past the budget is then a few answers, not the
+  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise the ratio is
+  only bounded below and fails only when that bound already lies above the limit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -84,6 +90,7 @@ class Drift:
     too_few: bool = False
     se: float = math.inf  # standard error of the estimate
     df: float = math.inf  # its degrees of freedom
+    restricted: bool = False  # the cut answers at their cut length: the ratio within the budget
 
     @property
     def p_beyond(self) -> float:
@@ -125,6 +132,7 @@ def pooled_drift(results: list[Drift], bounds: tuple[float, float], alpha: float
     k = len(usable)
     mean = sum(r.estimate for r in usable) / k
     unbounded = [r for r in usable if r.unresolved]
+    restricted = any(r.restricted for r in usable)
     if unbounded:
         low = sum(r.low for r in usable) / k
         return Drift(mean, low, math.inf, **counts, p_above=min(r.p_above for r in usable),
@@ -133,7 +141,8 @@ def pooled_drift(results: list[Drift], bounds: tuple[float, float], alpha: float
     variance = sum(r.se**2 for r in usable) / k**2
     terms = sum(r.se**4 / r.df for r in usable if r.df > 0)
     df = (k**2 * variance) ** 2 / terms if terms > 0 else math.inf
-    return _drift(mean, math.sqrt(variance), counts, alpha, bounds, df)
+    pooled = _drift(mean, math.sqrt(variance), counts, alpha, bounds, df)
+    return replace(pooled, restricted=restricted, p_below=1.0 if restricted else pooled.p_below)
 
 
 def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> float:
@@ -191,8 +200,10 @@ def _tobit(ratios: np.ndarray, cut: np.ndarray) -> tuple[float, float] | None:
     return (float(fit.x[0]), variance) if math.isfinite(variance) and variance > 0 else None
 
 
-def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy) -> Drift:
-    """The censored mean log ratio of one set (see the module docstring)."""
+def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
+          budget_held: bool = False) -> Drift:
+    """The censored mean log ratio of one set (see the module docstring); `budget_held`: the
+    answers newly cut at the budget are few enough for a restricted mean to stand in for a fit."""
     q, most = policy.quality, policy.length.max_censored_share
     ratios, cut, n = pairs.ratios, pairs.cut, len(pairs.ratios)
     changed = (ratios != 0) | cut
@@ -209,8 +220,12 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy) -> Drif
     share = cut.sum() / changed.sum()
     fit = _tobit(ratios[changed], cut[changed]) if share <= most else None
     if fit is None:
-        # At their cut length the censored ratios are lower bounds: enough to fail, never to pass.
-        low, _, p_above, _ = _t_interval(mean, se, n, q.alpha, bounds)
+        # At their cut length the censored ratios are lower bounds: the restricted mean, which
+        # passes only while few answers newly ran to the budget, and never fails for shrinking.
+        low, high, p_above, _ = _t_interval(mean, se, n, q.alpha, bounds)
+        if budget_held:
+            return Drift(mean, low, high, **counts, p_above=p_above, p_below=1.0, se=se,
+                         df=n - 1, restricted=True)
         why = (f"more than the normal fit can carry (max {most:.0%})" if share > most else
                "too few uncut changed answers to fit")
         return Drift(mean, low, math.inf, **counts, p_above=p_above, p_below=1.0,
@@ -258,11 +273,14 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
           bounds: tuple[float, float], policy: GatePolicy) -> list[Check]:
     """The length rule against one reference: per set and pooled, then one check per set."""
     rules, alpha = policy.length, policy.quality.alpha
+    level = 1 - 2 * alpha
     sets = {name: Pairs.of(task, stage.quality.tasks.get(name))
             for name, task in reference.quality.tasks.items()}
     if not sets:
         return [missing(rule, f"output length vs the {reference_name}")]
-    results = {name: drift(pairs, bounds, policy) for name, pairs in sets.items()}
+    newly_cut = _newly_cut(list(sets.values()), policy)
+    held = newly_cut is not None and newly_cut[2] <= rules.max_length_finish_increase
+    results = {name: drift(pairs, bounds, policy, held) for name, pairs in sets.items()}
     if len(sets) > 1:
         results[POOLED] = pooled_drift(list(results.values()), bounds, alpha)
     adjusted = holm({name: r.p_beyond for name, r in results.items()})
@@ -273,11 +291,15 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     pooled_status = status[POOLED] if POOLED in status else next(iter(status.values()))
     overall: Status = "fail" if "fail" in status.values() else pooled_status
     limit = f"limit x{math.exp(bounds[0]):.2f}..x{math.exp(bounds[1]):.2f}"
-    level = 1 - 2 * alpha
+
+    budget = (f"; the cut answers at their cut length (the ratio within the budget), with "
+              f"{newly_cut[0]} of {newly_cut[1]} answers newly cut at it ({level:.0%} CI up to "
+              f"{newly_cut[2]:.1%}, within {rules.max_length_finish_increase:.0%})"
+              if newly_cut and held else "")
 
     def reason(name: str) -> str:
         r = results[name]
-        why = f"; {r.unresolved}" if r.unresolved else ""
+        why = f"; {r.unresolved}" if r.unresolved else budget if r.restricted else ""
         holm_note = " (Holm over the sets and all sets)" if len(sets) > 1 else ""
         return (f"{_describe(r, level, reference_name)}{why}; p of lying beyond the limit "
                 f"{adjusted[name]:.2g}{holm_note}; {limit}")
@@ -311,6 +333,16 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
                      "p_holm": adjusted[name]},
         ) for name in sets]
     return checks
+
+
+def _newly_cut(sets: list[Pairs], policy: GatePolicy) -> tuple[int, int, float] | None:
+    """Stage answers cut at the budget where the reference's was not, over all kept pairs: the
+    count, the pairs, and the upper end of the share's 1 - 2 alpha Wilson interval."""
+    cut, n = sum(int(p.cut.sum()) for p in sets), sum(len(p.ratios) for p in sets)
+    if n == 0:
+        return None
+    interval = stats.binomtest(cut, n).proportion_ci(1 - 2 * policy.quality.alpha, "wilson")
+    return cut, n, float(interval.high)
 
 
 def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import MODELS, free_port, quantgate
+from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, free_port, quantgate
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ def run(tmp_path_factory, prefect_api):
     spec = {
         "candidate": "e2e", "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
         "engine": {"kind": "vllm", "device": "cpu", "port": free_port(), "enforce_eager": True,
-                   "max_model_len": 2048, "startup_timeout_s": 600},
+                   "max_model_len": 2048, "startup_timeout_s": 600, **FAST_DTYPE},
         "stages": [{"name": "control", "kind": "control", "parent": "baseline"}],
         "evalsets": [{"name": "math", "limit": 60, "max_gen_toks": 64}, entry],
         "load_profile": "ci",

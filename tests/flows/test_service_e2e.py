@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import MODELS, REPO, free_port
+from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, REPO, free_port
 
 pytestmark = pytest.mark.e2e
 QUANTGATE = [sys.executable, "-m", "flows.cli"]
@@ -55,7 +55,7 @@ def template(folder: Path, name: str, stages: list[dict], policy: str | None = "
         "candidate": "template",
         "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
         "engine": {"kind": "vllm", "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
-                   "startup_timeout_s": 600},
+                   "startup_timeout_s": 600, **FAST_DTYPE},
         "stages": stages,
         "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": 64}],  # as the tree's
         "load_profile": "ci",

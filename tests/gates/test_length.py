@@ -260,3 +260,19 @@ def test_a_near_identical_stage_with_one_cut_change_is_judged_on_its_few_changes
     found = {c.rule: c for c in length_checks(child, parent, POLICY)}
     assert found["length"].status == "pass", found["length"].reason
     assert "1 stage answers cut" in found["length"].reason
+
+
+def test_a_near_identical_stage_whose_few_changes_all_ran_to_the_budget_goes():
+    """A control (the CI run's): 2 of 160 answers changed, both ran to the budget. No fit can
+    place them; the ratio within the budget held and 2 newly cut answers are bounded: it goes."""
+    lengths = np.array([30.0 + i % 7 for i in range(80)])
+    changed = lengths.copy()
+    changed[[3, 5]] = 600  # cut at the 64-token budget
+    parent = stage("baseline", None, {"math": (lengths, 64), "orders": (lengths, 64)})
+    child = stage("control", "baseline", {"math": (changed, 64), "orders": (lengths, 64)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length"].status == "pass", found["length"].reason
+    assert "the ratio within the budget" in found["length"].reason
+    assert "2 of 160 answers newly cut at it" in found["length"].reason
+    assert found["length.math"].status == "pass" and "ci_high" in found["length.math"].details
+
