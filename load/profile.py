@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import load_model
+from load.gpu_slos import gpu_slo
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -162,6 +163,9 @@ class LoadProfile(BaseModel):
     )
     seed: int = Field(default=1234, description="Seed of the prompt token-id generator.")
     slo: Slo | None = Field(default=None, description="Per-request SLO for goodput; none: no goodput.")
+    gpu_slo: str | None = Field(default=None, description="The SLO predictions on target GPUs "
+                                "are judged by (`quantgate whatif`): a preset of load/gpu_slos.py, "
+                                "e.g. mlperf-llama3.1-8b-server; none: the reference one.")
     capacity: CapacitySearch = Field(
         default_factory=CapacitySearch, description="Capacity search under the SLO (Poisson)."
     )
@@ -186,6 +190,8 @@ class LoadProfile(BaseModel):
                 f"requests (a count) runs in one process; distributed mode (workers: "
                 f"{self.workers}) needs duration_s"
             )
+        if self.gpu_slo is not None:
+            gpu_slo(self.gpu_slo)
         if self.capacity.enabled and self.slo is None:
             raise ValueError("capacity.enabled needs an slo (ttft_ms and/or tpot_ms)")
         return self

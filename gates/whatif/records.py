@@ -12,7 +12,7 @@ import yaml
 from gates.record import RunManifest, StageRecord
 from gates.whatif.search import Workload
 from infra.errors import QuantgateError
-from load.profile import load_profile, profile_path
+from load.profile import LoadProfile, load_profile, profile_path
 
 
 @dataclass(frozen=True)
@@ -75,20 +75,25 @@ def busy_measured(record: StageRecord) -> tuple[int, float] | None:
     return summary.users, summary.tpot_p50_ms
 
 
-def spec_workload(spec: Path, profile: str) -> tuple[Workload, str]:
-    """The workload of the load profile a spec names (a relative YAML path is relative to the
-    spec, as the acceptance flow reads it)."""
-    from gates.whatif import workload_from_profile
-
+def spec_profile(spec: Path, profile: str) -> tuple[LoadProfile, str]:
+    """The load profile a spec names (a relative YAML path is relative to the spec, as the
+    acceptance flow reads it) and where it came from."""
     if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
         profile = str(spec.resolve().parent / profile)
-    return (workload_from_profile(load_profile(profile)),
-            f"load profile {profile_path(profile)} (from {spec})")
+    return load_profile(profile), f"load profile {profile_path(profile)} (from {spec})"
 
 
-def run_workload(results_dir: Path) -> tuple[Workload, str]:
-    """The workload of a results folder's run: the load profile its spec named (the spec is read
-    again from the path the manifest kept); QuantgateError when the spec or profile is gone."""
+def spec_workload(spec: Path, profile: str) -> tuple[Workload, str]:
+    """The workload of the load profile a spec names."""
+    from gates.whatif import workload_from_profile
+
+    found, origin = spec_profile(spec, profile)
+    return workload_from_profile(found), origin
+
+
+def run_profile(results_dir: Path) -> tuple[LoadProfile, str]:
+    """The load profile a results folder's run named (the spec is read again from the path the
+    manifest kept); QuantgateError when the spec or profile is gone."""
     spec_path = RunManifest.read(results_dir).spec_path
     if not spec_path:
         raise QuantgateError(f"{results_dir / 'manifest.json'} keeps no spec path: name the load "
@@ -99,4 +104,12 @@ def run_workload(results_dir: Path) -> tuple[Workload, str]:
     except (OSError, yaml.YAMLError, AttributeError) as err:
         raise QuantgateError(f"the run's spec {spec} cannot be read ({err}): name the load "
                              "profile (--profile)") from err
-    return spec_workload(spec, str(profile))
+    return spec_profile(spec, str(profile))
+
+
+def run_workload(results_dir: Path) -> tuple[Workload, str]:
+    """The workload of a results folder's run: the load profile its spec named."""
+    from gates.whatif import workload_from_profile
+
+    found, origin = run_profile(results_dir)
+    return workload_from_profile(found), origin

@@ -190,6 +190,7 @@ def test_each_stage_says_where_its_time_went(tree):
     assert re.search(r"a8: math: \d+/\d+ items in ", out)
     assert re.search(r"stage a8 \(activations\) done in \d+ s; math [\d.]+", out)
     assert "Created temporary directory" not in out  # no third-party INFO noise
+    assert "do not exist - skipping acquisition" not in out  # nor a warning no user can act on
     for name in ("baseline", "a8"):
         timings = StageTimings.model_validate(records[name]["timings"])
         assert timings.startup_s > 1 and timings.load_s > 1 and timings.scoring_s > 0

@@ -255,3 +255,19 @@ def test_a_bad_setting_is_one_line_naming_the_variable():
     lines = error_lines(result)
     assert len(lines) == 1 and lines[0].startswith("error: invalid setting: QG_NUM_CONCURRENT"), lines
     assert "'many'" in lines[0]
+
+
+def test_tables_off_a_terminal_are_not_folded(tmp_path, cpu, monkeypatch):
+    # A CI log: no terminal, no COLUMNS. Rich's 80 columns folded "activatio / ns".
+    import flows.cli
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(flows.cli, "console", flows.cli._console())
+    assert flows.cli.console.width == flows.cli.PLAIN_WIDTH
+    cpu(AVX512)
+    emulated_chain(tmp_path)
+    result = runner.invoke(app, ["validate", str(tmp_path / "spec.yaml")])
+    assert result.exit_code == 0, result.output
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines()]
+    assert ["activations", "activations", "weights", "int8/channel", "int8/token/dynamic", "auto",
+            "w8a8"] in cells, result.output  # one row, no cell folded onto a second line

@@ -39,7 +39,11 @@ def test_from_a_spec_every_planned_stage_is_predicted(tmp_path):
     result = runner.invoke(app, ["whatif", str(spec), "--gpu", "h100-sxm", "--rate", "5"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "PREDICTION, not a measurement" in result.output
-    assert "128 prompt / 32 output tokens" in result.output and "ci.yaml" in result.output
+    # Not the ci profile's CPU-sized SLO: the reference GPU workload, saying so.
+    assert "1024 prompt / 256 output tokens" in result.output
+    assert "TTFT ≤ 1000 ms and TPOT ≤ 40 ms" in result.output
+    assert "SLO preset reference" in result.output and "ci.yaml" in result.output
+    assert "sized for this CPU, not a GPU fleet" in result.output
     for stage in ("baseline", "weights", "activations", "kv"):
         assert f"│ {stage} " in result.output
     assert "matmuls in fp8" not in result.output and "matmuls in int8" in result.output
@@ -78,3 +82,50 @@ def test_a_named_profile_stands_in_for_a_run_whose_spec_is_gone(tmp_path):
     result = runner.invoke(app, ["whatif", str(run), "--gpu", "l40s", "--profile", "ci"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "│ baseline │ l40s" in result.output and "profiles/ci.yaml" in result.output
+
+
+def qwen_spec(tmp_path):
+    spec = write_spec(tmp_path)
+    for checkpoint in (tmp_path / "models").iterdir():
+        config = checkpoint / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
+    return spec
+
+
+def test_gpus_are_judged_by_the_slo_preset_asked_for(tmp_path):
+    spec = qwen_spec(tmp_path)
+    result = runner.invoke(app, ["whatif", str(spec), "--gpu", "h100-sxm",
+                                 "--slo", "mlperf-llama2-70b-interactive"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "TTFT ≤ 450 ms and TPOT ≤ 40 ms" in result.output
+    assert "SLO preset mlperf-llama2-70b-interactive (MLPerf Inference" in result.output
+    refused = runner.invoke(app, ["whatif", str(spec), "--slo", "mlperf-fast"])
+    assert refused.exit_code == 2 and "unknown --slo 'mlperf-fast'" in refused.output
+
+
+def test_a_profile_names_its_gpu_slo_and_keeps_its_request_sizes(tmp_path):
+    spec = qwen_spec(tmp_path)
+    profile = tmp_path / "fleet.yaml"
+    profile.write_text("high_users: 8\nprompt_tokens: 512\noutput_tokens: 128\nrequests: 10\n"
+                       "gpu_slo: mlperf-llama3.1-8b-server\n")
+    result = runner.invoke(app, ["whatif", str(spec), "--gpu", "b200", "--profile",
+                                 str(profile)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "512 prompt / 128 output tokens" in result.output
+    assert "TTFT ≤ 2000 ms and TPOT ≤ 100 ms" in result.output
+    assert "gpu_slo of load profile" in result.output
+    capacity = [line.split("│")[5].strip() for line in result.output.splitlines()
+                if line.startswith("│ baseline")]
+    assert capacity and "e+" not in capacity[0], result.output  # 14,720 req/s, not 1.472e+04
+
+
+def test_an_unknown_gpu_slo_in_a_profile_is_refused_by_name():
+    import pytest
+    from pydantic import ValidationError
+
+    from load.profile import LoadProfile
+
+    with pytest.raises(ValidationError, match="unknown GPU SLO preset 'h100'"):
+        LoadProfile.model_validate({"high_users": 4, "prompt_tokens": 64, "output_tokens": 16,
+                                    "requests": 10,
+                                    "gpu_slo": "h100"})
