@@ -223,3 +223,70 @@ def test_a_fork_bomb_among_parallel_runs_harms_none_of_the_others():
     while _leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _leftovers() == []
+
+
+# The tests run in a process of their own and reach the answer over a pipe: what honest answers
+# and tests do in one namespace still works across it.
+
+
+def test_the_answers_classes_and_objects_are_usable_from_the_tests():
+    # MBPP 601's shape: the tests build the answer's objects and hand them back to it.
+    code = (
+        "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+        "def max_chain_length(pairs, n):\n"
+        "    count, end = 0, float('-inf')\n"
+        "    for pair in sorted(pairs, key=lambda p: p.b):\n"
+        "        if pair.a > end:\n            count, end = count + 1, pair.b\n"
+        "    return count\n"
+    )
+    tests = (
+        "assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)], 4) == 3\n"
+        "pair = Pair(1, 2)\npair.a = 7\nassert pair.a == 7 and pair == pair and pair != Pair(7, 2)\n"
+    )
+    assert run_untrusted(code, tests).passed
+
+
+def test_generators_and_changes_made_in_place_reach_the_tests():
+    code = (
+        "def squares(n):\n    for i in range(n):\n        yield i * i\n"
+        "def sort_in_place(items, seen=None):\n    items.sort()\n    seen['sorted'] = True\n"
+    )
+    tests = (
+        "assert list(squares(4)) == [0, 1, 4, 9] and 4 in squares(3)\n"
+        "items, seen = [3, 1, 2], {}\n"
+        "assert sort_in_place(items, seen=seen) is None\n"
+        "assert items == [1, 2, 3] and seen == {'sorted': True}\n"
+    )
+    assert run_untrusted(code, tests).passed
+
+
+def test_values_cross_exactly():
+    code = (
+        "def values():\n"
+        "    return [float('inf'), -0.0, 10 ** 5000, b'\\x00\\xff', 1 + 2j, frozenset({(1, 2)}),\n"
+        "            {(1, 'a'): [None, True]}, 'caf\\u00e9', (), set()]\n"
+    )
+    tests = (
+        "import math\nv = values()\n"
+        "assert v == [math.inf, 0.0, 10 ** 5000, b'\\x00\\xff', 1 + 2j, frozenset({(1, 2)}),\n"
+        "             {(1, 'a'): [None, True]}, 'caf\\u00e9', (), set()]\n"
+        "assert math.copysign(1, v[1]) == -1 and type(v[5]) is frozenset and type(v[8]) is tuple\n"
+    )
+    assert run_untrusted(code, tests).passed
+
+
+def test_an_exception_of_the_answer_reaches_the_tests_by_its_name():
+    code = ("class Unlucky(Exception):\n    pass\n"
+            "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    raise Unlucky('13')\n")
+    caught = ("try:\n    f(-1)\nexcept ValueError as exc:\n    assert str(exc) == 'negative'\n"
+              "else:\n    assert False\n")
+    assert run_untrusted(code, caught).passed
+    result = run_untrusted(code, "f(13)\n")
+    assert result.reason == "error in tests.py: Unlucky: 13"
+
+
+def test_the_tests_cannot_hand_the_answer_one_of_their_functions():
+    result = run_untrusted("def apply(fn, x):\n    return fn(x)\n", "assert apply(len, 'ab') == 2\n")
+    assert not result.passed
+    assert result.reason.startswith("error in tests.py: TypeError: the tests pass the answer a "
+                                    "builtin_function_or_method: only plain data"), result.reason
