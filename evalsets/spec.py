@@ -67,7 +67,11 @@ def resolve_path(path: Path | None, info: ValidationInfo) -> Path | None:
     base = (info.context or {}).get("base_dir")
     if path is None or path.is_absolute() or base is None:
         return path
-    return (Path(base) / path).resolve()
+    try:
+        return (Path(base) / path).resolve()
+    except (RuntimeError, OSError) as err:  # a symlink loop (RuntimeError before Python 3.13)
+        raise ValueError(f"{path} cannot be followed ({err}); point the symlink at the real "
+                         "folder or file") from err
 
 
 class EvalSetSpec(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra.errors import SpecError
+from infra.quant_config import quantization_config_problem, quantization_problem
 
 AXES = ("weights", "activations", "kv_cache")
 
@@ -54,9 +55,12 @@ class Axes(BaseModel):
 def _format_args(args: dict[str, Any] | None, with_dynamic: bool) -> str:
     if not args:
         return "none"
-    kind = args.get("type", "int")
-    bits = args.get("num_bits", "?")
-    strategy = args.get("strategy") or "tensor"
+    # compressed-tensors' defaults: 8-bit int, the strategy inferred from group_size.
+    kind = str(args.get("type") or "int").lower()
+    bits = args.get("num_bits", 8)
+    group = args.get("group_size")
+    inferred = "tensor" if group is None else ("group" if group > 0 else "channel")
+    strategy = str(args.get("strategy") or inferred).lower()
     if strategy == "group" and args.get("group_size"):
         strategy = f"group{args['group_size']}"
     if strategy == "block" and args.get("block_structure"):
@@ -82,6 +86,9 @@ def _compressed_tensors_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
 
 def checkpoint_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
     """(weights, activations, kv_cache or None) a checkpoint's quantization_config declares."""
+    problem = quantization_config_problem(qc)
+    if problem:
+        raise SpecError(f"config.json {problem}")
     method = str(qc.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         return _compressed_tensors_axes(qc)
@@ -101,6 +108,9 @@ def checkpoint_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
 
 def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
     """Axes from a checkpoint's config.json and the engine flags it is served with."""
+    problem = quantization_problem(config)  # read_config has said it with the file's path
+    if problem:
+        raise SpecError(f"config.json {problem}")
     weights, activations, kv_cache = "none", "none", None
     qc = config.get("quantization_config")
     emulation = config.get("quantgate_emulated")

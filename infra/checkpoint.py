@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from infra.errors import CheckpointError
+from infra.jsonfile import read_json
+from infra.quant_config import quantization_problem
+from infra.safetensors_check import check_safetensors
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # fast, sentencepiece, BPE
+TEMPLATE_FILE = "chat_template.jinja"
+# sha256 of tokenizer.json contents that loaded: the stages of a run mostly ship the same one.
+_TOKENIZERS_LOADED: set[str] = set()
 
 
 def read_config(checkpoint: Path) -> dict[str, Any]:
     """The checkpoint's config.json, or a CheckpointError naming what is wrong."""
     if not checkpoint.exists():
+        if checkpoint.is_symlink():
+            raise CheckpointError(f"checkpoint {checkpoint} is a symlink that leads to no folder (a "
+                                  "loop, or its target is gone); point it at the checkpoint folder")
         raise CheckpointError(f"checkpoint {checkpoint} does not exist")
     if not checkpoint.is_dir():
         raise CheckpointError(f"checkpoint {checkpoint} is not a directory")
     config_path = checkpoint / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"checkpoint {checkpoint} is not a model: no config.json")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{config_path} is not valid JSON: {err}") from err
-    except UnicodeDecodeError as err:
-        raise CheckpointError(f"{config_path} is not UTF-8 text: {err.reason}") from err
+    config = read_json(config_path)
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path} is not a model config: a JSON "
                               f"{type(config).__name__}, not an object")
@@ -34,15 +39,119 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
         raise CheckpointError(f"{config_path} is not a model config: no model_type or architectures")
     if not any(path.suffix in WEIGHT_SUFFIXES for path in checkpoint.iterdir()):
         raise CheckpointError(f"checkpoint {checkpoint} is not a model: no weight files")
+    problem = quantization_problem(config)
+    if problem:
+        raise CheckpointError(f"{config_path}: {problem}")
     return config
 
 
+def check_checkpoint(checkpoint: Path) -> None:
+    """What the engine reads before it serves, checked without loading a weight: every weight
+    file whole (safetensors headers against their files and their index) and a tokenizer that
+    loads. A broken file fails here, not as an engine that will not start."""
+    for path in sorted(checkpoint.iterdir()):
+        if path.suffix in WEIGHT_SUFFIXES and path.is_file() and path.stat().st_size == 0:
+            raise CheckpointError(f"{path} is empty (0 bytes); copy the checkpoint's weights again")
+    check_safetensors(checkpoint)
+    check_tokenizer(checkpoint)
+
+
+def _check_tokenizer_json(path: Path) -> None:
+    data = path.read_bytes()
+    if not data.strip():
+        raise CheckpointError(f"{path} is empty ({len(data)} bytes); copy the base model's "
+                              "tokenizer.json into the checkpoint")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest in _TOKENIZERS_LOADED:
+        return
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # the engine brings it; without it, check what a loader reads first
+        tokenizer = read_json(path)
+        if not isinstance(tokenizer, dict) or "model" not in tokenizer:
+            raise CheckpointError(f"{path} is not a tokenizer: no top-level \"model\"; copy the "
+                                  "base model's tokenizer.json into the checkpoint") from None
+    else:
+        try:
+            Tokenizer.from_str(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise CheckpointError(f"{path} is not UTF-8 text: {err.reason}; copy the base "
+                                  "model's tokenizer.json into the checkpoint") from err
+        except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise CheckpointError(f"{path} does not load as a tokenizer ({err}); copy the base "
+                                  "model's tokenizer.json into the checkpoint") from err
+    _TOKENIZERS_LOADED.add(digest)
+
+
 def check_tokenizer(checkpoint: Path) -> None:
-    """The engine loads the tokenizer from the checkpoint: it must ship one."""
+    """The engine loads the tokenizer from the checkpoint: it must ship one, and it must load."""
     if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"checkpoint {checkpoint} has no tokenizer (none of "
                               f"{', '.join(TOKENIZER_FILES)}); copy the base model's tokenizer "
                               "files into it")
+    if (checkpoint / "tokenizer.json").is_file():
+        _check_tokenizer_json(checkpoint / "tokenizer.json")
+    elif (checkpoint / "vocab.json").is_file() and not isinstance(
+            read_json(checkpoint / "vocab.json"), dict):
+        raise CheckpointError(f"{checkpoint / 'vocab.json'} is not a vocabulary (a JSON object of "
+                              "token: id); copy the base model's vocab.json into the checkpoint")
+    chat_template(checkpoint)  # tokenizer_config.json and the template must read
+
+
+def chat_template(checkpoint: Path) -> tuple[str | None, str]:
+    """The chat template the server applies, and where it lies: chat_template.jinja, else
+    tokenizer_config.json's `chat_template` (the order transformers reads them in, and the text
+    gates/comparability hashes: a list of named templates as sorted JSON)."""
+    jinja = checkpoint / TEMPLATE_FILE
+    config_path = checkpoint / "tokenizer_config.json"
+    config = read_json(config_path) if config_path.is_file() else {}
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is a JSON {type(config).__name__}, not an object; "
+                              "copy the base model's tokenizer_config.json into the checkpoint")
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8"), str(jinja)
+        except UnicodeDecodeError as err:
+            raise CheckpointError(f"{jinja} is not UTF-8 text: {err.reason}; copy the base "
+                                  f"model's {TEMPLATE_FILE} into the checkpoint") from err
+    template = config.get("chat_template")
+    where = f"{config_path} chat_template"
+    if template is None:
+        return None, f"none ({checkpoint} has no {TEMPLATE_FILE}, no tokenizer_config.json chat_template)"
+    if isinstance(template, str):
+        return template, where
+    if isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                          and isinstance(t.get("template"), str) for t in template):
+        return json.dumps(template, sort_keys=True), where
+    raise CheckpointError(f"{where} is {json.dumps(template)[:60]}; write the template text, or a "
+                          'list of {"name": ..., "template": ...}')
+
+
+def check_same_chat_template(stage: str, checkpoint: Path, baseline: Path) -> None:
+    """A stage must be asked with the baseline's chat template: the comparability gate fails a
+    stage whose template differs, but only after both have been measured."""
+    if checkpoint == baseline:
+        return
+    (mine, mine_at), (theirs, theirs_at) = chat_template(checkpoint), chat_template(baseline)
+    if mine == theirs:
+        return
+    detail = ""
+    if mine is not None and theirs is not None:
+        lines, base_lines = mine.splitlines(), theirs.splitlines()
+        line = next((i for i, (a, b) in enumerate(zip(lines, base_lines, strict=False)) if a != b),
+                    min(len(lines), len(base_lines)))
+        detail = f" (first difference at line {line + 1})"
+    if theirs is None:
+        fix = f"remove the stage's template ({mine_at}), or give the baseline the same one"
+    elif theirs_at.endswith(TEMPLATE_FILE):
+        fix = f"copy {theirs_at} into {checkpoint}"
+    else:
+        fix = (f"copy the baseline's chat_template into {checkpoint / 'tokenizer_config.json'}"
+               + (f" and remove {checkpoint / TEMPLATE_FILE}" if mine_at.endswith(TEMPLATE_FILE)
+                  else ""))
+    raise CheckpointError(f"stage {stage!r}: chat template {mine_at} differs from the baseline's "
+                          f"{theirs_at}{detail}; the comparability gate would fail the stage "
+                          f"after both ran, and no stage option accepts another template: {fix}")
 
 
 SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 
@@ -32,13 +33,28 @@ W8A8 = compressed_tensors(int_args(8, "channel"), int_args(8, "token", dynamic=T
 W4A16 = compressed_tensors(int_args(4, "group", 64))
 
 
+def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]] | None = None) -> bytes:
+    """A whole safetensors file of zero-filled tensors {name: (dtype, shape)}: the 8-byte header
+    length, the JSON header, the data."""
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "I8": 1, "I32": 4, "F8_E4M3": 1}
+    header, offset = {}, 0
+    for name, (dtype, shape) in (tensors or {"model.embed_tokens.weight": ("BF16", [4, 8])}).items():
+        size = sizes[dtype]
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps({"__metadata__": {"format": "pt"}, **header}).encode()
+    return struct.pack("<Q", len(text)) + text + b"\0" * offset
+
+
 def make_checkpoint(folder: Path, quantization_config: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "bfloat16"}
     if quantization_config:
         config["quantization_config"] = quantization_config
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    (folder / "model.safetensors").write_bytes(safetensors_bytes())
     (folder / "vocab.json").write_text("{}")  # a tokenizer file: the engine needs one
     return folder
 

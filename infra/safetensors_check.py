@@ -1,0 +1,137 @@
+"""Safetensors files checked as far as their headers: each file whole, and holding what its index maps.
+
+The format: an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape
+and byte range in the data that follows. The rules are the safetensors library's own (the one vLLM
+loads with): ranges back to back from 0, each as long as its dtype and shape, ending at the end of
+the file. Only headers are read, never the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from infra.errors import CheckpointError, did_you_mean
+from infra.jsonfile import parse_json, read_json
+
+INDEX = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+# Bits per element of each dtype the safetensors library reads.
+DTYPE_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8,
+              "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16,
+              "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
+              "I64": 64, "U64": 64}
+REMAKE = "copy the file again, or save the checkpoint again (a partial copy or an interrupted save)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """(the parsed header, where the data starts, the file size)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path} is {size} bytes, shorter than the 8-byte header length "
+                                      f"every safetensors file starts with; {REMAKE}")
+            (length,) = struct.unpack("<Q", prefix)
+            if length == 0:
+                raise CheckpointError(f"{path} is not a safetensors file: its header length field "
+                                      "reads 0 (zeros where the header should be); " + REMAKE)
+            if 8 + length > size or length > MAX_HEADER_BYTES:
+                limit = (f"the {size}-byte file holds" if 8 + length > size
+                         else f"safetensors allows ({MAX_HEADER_BYTES})")
+                raise CheckpointError(f"{path} is not a whole safetensors file: its header length "
+                                      f"field reads {length} bytes, more than {limit}; {REMAKE}")
+            raw = handle.read(length)
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read: {err.strerror or err}") from err
+    header = parse_json(raw, f"{path} (safetensors header)")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} (safetensors header) is a JSON {type(header).__name__}, not "
+                              f"an object of tensors; {REMAKE}")
+    return header, 8 + length, size
+
+
+def tensor_names(path: Path) -> set[str]:
+    """The tensors a safetensors file holds, once its header has been checked against the file."""
+    header, data_start, size = _header(path)
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict)
+                                     and all(isinstance(v, str) for v in metadata.values())):
+        raise CheckpointError(f"{path} (safetensors header): __metadata__ must map names to strings, "
+                              f"not {str(metadata)[:80]}; {REMAKE}")
+    if not header:
+        raise CheckpointError(f"{path} holds no tensors (its header lists none); {REMAKE}")
+    spans = []
+    for name, info in header.items():
+        where = f"{path} (safetensors header) tensor {name!r}"
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{where} is {str(info)[:60]}, not an object with dtype, shape and "
+                                  f"data_offsets; {REMAKE}")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            raise CheckpointError(f"{where}: dtype {dtype!r} is not one safetensors reads; "
+                                  f"{did_you_mean(str(dtype), tuple(DTYPE_BITS))}")
+        if not (isinstance(shape, list) and all(_is_int(n) and n >= 0 for n in shape)):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of sizes; {REMAKE}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))
+                and 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} is not a [begin, end] byte "
+                                  f"range; {REMAKE}")
+        if data_start + offsets[1] > size:
+            raise CheckpointError(f"{where}: its data ends at byte {data_start + offsets[1]}, past "
+                                  f"the end of the {size}-byte file (truncated); {REMAKE}")
+        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        if bits != 8 * (offsets[1] - offsets[0]):
+            raise CheckpointError(f"{where}: {dtype} {shape} takes {bits / 8:g} bytes but its "
+                                  f"data_offsets {offsets} span {offsets[1] - offsets[0]}; {REMAKE}")
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise CheckpointError(f"{path} (safetensors header) tensor {name!r} starts at data byte "
+                                  f"{begin}, not {end} where the tensor before it ends; {REMAKE}")
+        end = stop
+    if data_start + end != size:
+        raise CheckpointError(f"{path} is {size} bytes but its header accounts for "
+                              f"{data_start + end}; {REMAKE}")
+    return set(header)
+
+
+def check_safetensors(checkpoint: Path) -> None:
+    """Every safetensors file the engine will load is whole; with an index, every file it names
+    exists and every weight it maps is in that file's header."""
+    index_path = checkpoint / INDEX
+    if not index_path.exists():
+        for path in sorted(checkpoint.glob("*.safetensors")):
+            tensor_names(path)
+        return
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(f, str) for f in weight_map.values())):
+        raise CheckpointError(f"{index_path}: weight_map is {str(weight_map)[:60]}, not an object "
+                              "mapping each weight to its file; save the checkpoint again")
+    by_file: dict[str, list[str]] = {}
+    for weight, file in weight_map.items():
+        by_file.setdefault(file, []).append(weight)
+    for file, weights in sorted(by_file.items()):
+        path = checkpoint / file
+        if not path.is_file():
+            raise CheckpointError(f"{index_path}: weight_map maps {weights[0]!r}"
+                                  f"{f' and {len(weights) - 1} more' if len(weights) > 1 else ''} "
+                                  f"to {file}, which is not in {checkpoint}; copy the missing "
+                                  "shard")
+        names = tensor_names(path)
+        missing = [w for w in weights if w not in names]
+        if missing:
+            raise CheckpointError(f"{index_path}: weight_map maps {missing[0]!r} to {file}, whose "
+                                  f"header does not list it ({len(missing)} of {len(weights)} "
+                                  "missing); the index belongs to other shards: copy the "
+                                  "checkpoint again, index and shards together")
