@@ -195,6 +195,21 @@ def _absolute(value: object, base: Path) -> str:
 
 # --- checkpoints as version sources ---------------------------------------------------------------
 
+def check_model_name(model: str) -> None:
+    """Refuse, before any store is opened, a registered-model name MLflow would refuse."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name  # the registry's own rule
+
+    from flows.tracking import mlflow_message
+
+    try:
+        _validate_model_name(model)
+    except MlflowException as err:
+        plain = re.sub(r"[/:]+", "-", model).strip(" .-") or "my-model"
+        raise RegistryError(f"model name {model!r}: MLflow refuses it ({mlflow_message(err)}); "
+                            f"choose a non-empty name without '/' or ':', such as {plain!r}") from err
+
+
 def register_checkpoint(client: MlflowClient, model: str, checkpoint: Path,
                         tags: dict[str, str] | None = None,
                         experiment: str = CHECKPOINT_EXPERIMENT) -> ModelVersion:
@@ -206,10 +221,24 @@ def register_checkpoint(client: MlflowClient, model: str, checkpoint: Path,
     the folder as hard links (no bytes copied; a copy across file systems); a proxied or remote
     one (mlflow-artifacts:, s3:) gets an upload.
     """
-    from mlflow.utils.file_utils import local_file_uri_to_path
+    from mlflow.exceptions import MlflowException
+
+    from flows.tracking import mlflow_message
 
     checkpoint = Path(checkpoint).resolve()
+    check_model_name(model)
     read_config(checkpoint)
+    try:
+        return _register(client, model, checkpoint, tags, experiment)
+    except MlflowException as err:  # the store refused it: a name, a tag, a source
+        raise RegistryError(f"registering {checkpoint} as a version of {model!r} at "
+                            f"{client.tracking_uri}: {mlflow_message(err)}") from err
+
+
+def _register(client: MlflowClient, model: str, checkpoint: Path, tags: dict[str, str] | None,
+              experiment: str) -> ModelVersion:
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
     _ensure_model(client, model)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)

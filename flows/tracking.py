@@ -5,10 +5,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from gates.record import StageRecord
 from gates.verdict import Verdict
+from infra.errors import QuantgateError
 from infra.secrets import redact
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 LOAD_FIGURES = (
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
@@ -82,6 +88,69 @@ def stage_metrics(record: StageRecord) -> dict[str, float]:
                 if value is not None:
                     metrics[f"load.{level}.{name}"] = float(value)
     return metrics
+
+
+class StoreError(QuantgateError):
+    """An MLflow store that is not there, or that MLflow cannot open."""
+
+
+VARIABLE = "MLFLOW_TRACKING_URI"
+SETTING = f"{VARIABLE} (or QG_MLFLOW_TRACKING_URI)"
+
+
+def check_store(uri: str, create: bool = False) -> None:
+    """Refuse, writing nothing, a store that is not there: MLflow creates a missing sqlite file
+    and its tables just by opening it, and retries a server that does not answer for minutes.
+    `create`: a missing sqlite file is made (by a command that writes), in a folder that exists."""
+    shown = f"{VARIABLE}={redact(uri)}"
+    scheme = urlparse(uri).scheme
+    if scheme == "sqlite":
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            database = make_url(uri).database
+        except ArgumentError as err:
+            raise StoreError(f"{shown}: not a sqlite URI ({err}); set {SETTING} to "
+                             "sqlite:///<path to mlflow.db>") from err
+        if not database or database == ":memory:" or Path(database).is_file():
+            return
+        if not create:
+            raise StoreError(f"{shown}: no MLflow store there ({Path(database).resolve()} does "
+                             f"not exist): nothing to read or change; set {SETTING} to the store "
+                             "that holds it, or start `quantgate serve`")
+        if not Path(database).resolve().parent.is_dir():
+            raise StoreError(f"{shown}: no folder {Path(database).resolve().parent} for the "
+                             f"store; create it or set {SETTING} to another store")
+    elif scheme in ("http", "https"):
+        import httpx
+
+        try:
+            httpx.get(f"{uri.rstrip('/')}/health", timeout=5).raise_for_status()
+        except httpx.HTTPError as err:
+            raise StoreError(f"{shown}: the MLflow server does not answer "
+                             f"({type(err).__name__}); start it or set {SETTING} to another "
+                             "store") from err
+
+
+def mlflow_message(err: Exception) -> str:
+    """An MlflowException's message on one line (MLflow's span several, with links)."""
+    return " ".join(str(getattr(err, "message", err)).split()).rstrip(".")
+
+
+def open_client(uri: str, create: bool = False) -> MlflowClient:
+    """An MlflowClient on a store that is there (`create`: or a new sqlite file), or StoreError
+    in one line; opening a sqlite store is what creates it, so the check comes first."""
+    check_store(uri, create)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return MlflowClient(uri)
+    except MlflowException as err:  # a file store, an unknown scheme: MLflow refuses it
+        raise StoreError(f"{VARIABLE}={redact(uri)}: MLflow cannot open it "
+                         f"({redact(mlflow_message(err))}); set {SETTING} to a database "
+                         "(sqlite:///mlflow.db) or an MLflow server") from err
 
 
 def redacted(params: dict[str, str]) -> dict[str, str]:

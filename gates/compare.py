@@ -70,11 +70,16 @@ def run_metrics(verdict: Verdict) -> dict[str, float]:
 def compare(tracking_uri: str, experiment: str, candidates: list[str] | None = None) -> pd.DataFrame:
     """One column per candidate (its latest finished run), one row per tag and `gate.*` metric."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)  # mlflow.search_runs reads the global URI
     try:
         return _compare(mlflow, tracking_uri, experiment, candidates)
+    except MlflowException as err:  # a file store, a URI without a registry: MLflow refuses it
+        message = " ".join(str(err.message).split()).rstrip(".")
+        raise QuantgateError(f"MLflow store {tracking_uri}: {message}; set MLFLOW_TRACKING_URI "
+                             "to a database (sqlite:///mlflow.db) or an MLflow server") from err
     finally:
         mlflow.set_tracking_uri(previous)
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from gates.checks import stage_checks
 from gates.latency import error_rate_checks
 from gates.policy import GatePolicy, precision_class
-from gates.record import RunManifest, StageRecord, StoredRecordError
+from gates.record import (
+    CANDIDATE_NAME,
+    STAGE_KINDS,
+    STAGE_NAME,
+    RunManifest,
+    StageRecord,
+    StoredRecordError,
+)
 from gates.verdict import Check, RollbackPlan, StageVerdict, Verdict
+from infra.errors import QuantgateError, did_you_mean
 
 
 def _baseline_checks(baseline: StageRecord, policy: GatePolicy) -> list[Check]:
@@ -42,6 +51,11 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
     configuration served again) is judged like any stage and must pass: it is the team's own
     noise floor, so a failing control blocks the go as surely as a failing sibling branch.
     """
+    problem = chain_problem(records)
+    if problem is not None:  # else a cycle would loop forever and a missing parent raise
+        stage, why = problem
+        where = f"stage {stage!r}" if stage is not None else f"stages {[r.name for r in records]}"
+        raise QuantgateError(f"{where}: {why}")
     by_name = {record.name: record for record in records}
     baseline = records[0]
     measured = [r for r in records[1:] if r.kind != "control"]
@@ -97,21 +111,113 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
     )
 
 
+def chain_problem(records: list[StageRecord]) -> tuple[str | None, str] | None:
+    """Why the records do not make one run's tree, else None: (the stage whose record is wrong,
+    or None where their order is, what is wrong and what to change). A run is the baseline (kind
+    baseline, no parent) first, then stages of unique names, each after its parent: so every
+    stage's chain ends at the baseline, and walking it always ends."""
+    if not records:
+        return None, "no stages: the run measured nothing: re-run the acceptance"
+    by_name = {record.name: record for record in records}
+    first = records[0]
+    if first.parent is None and first.kind != "baseline":
+        return first.name, (f"kind {first.kind!r} with no parent: the first stage is the run's "
+                            "baseline, of kind 'baseline'; set kind to 'baseline' or re-run the "
+                            "acceptance")
+    if first.parent is not None:
+        baseline = next((r.name for r in records if r.parent is None and r.kind == "baseline"),
+                        None)
+        if baseline is None:
+            return first.name, (f"parent {first.parent!r}, and no stage of this run is the "
+                                "baseline (kind 'baseline', no parent): re-run the acceptance")
+        return None, (f"{first.name!r} (parent {first.parent!r}) is listed first, not the "
+                      f"baseline {baseline!r}: list the baseline first, each stage after its "
+                      "parent")
+    seen = [first.name]
+    for record in records[1:]:
+        if record.name in seen:
+            return record.name, (f"name {record.name!r} is another stage's too; names are unique "
+                                 "in a run: re-run the acceptance")
+        if record.parent is None:
+            return record.name, (f"parent null (kind {record.kind!r}), but {first.name!r} is the "
+                                 f"run's baseline: set parent to {_one_of(seen)}")
+        if record.kind == "baseline":
+            return record.name, (f"kind 'baseline' with parent {record.parent!r}; only the first "
+                                 "stage is the baseline: set kind to the axis the stage changes")
+        if record.parent not in seen:
+            if record.parent == record.name:
+                return record.name, (f"parent {record.parent!r} is the stage itself; a stage is "
+                                     f"judged against one before it: set parent to {_one_of(seen)}")
+            if record.parent not in by_name:
+                return record.name, (f"parent {record.parent!r} is not a stage of this run: set "
+                                     f"parent to a stage before it; "
+                                     f"{did_you_mean(record.parent, seen)}")
+            chain, name = [record.name], record.parent
+            while name in by_name and name not in chain:
+                chain.append(name)
+                name = by_name[name].parent
+            if name in chain:
+                loop = " -> ".join(map(repr, [*chain[chain.index(name):], name]))
+                return record.name, (f"parent {record.parent!r} makes a cycle ({loop}); every "
+                                     f"chain ends at the baseline {first.name!r}: set parent to "
+                                     f"{_one_of(seen)}")
+            return None, (f"{record.name!r} is listed before its parent {record.parent!r}: list "
+                          "the baseline first, each stage after its parent")
+        seen.append(record.name)
+    return None
+
+
+def _one_of(names: list[str]) -> str:
+    return repr(names[0]) if len(names) == 1 else f"one of {', '.join(map(repr, names))}"
+
+
 def load_records(results_dir: Path) -> tuple[str, list[StageRecord]]:
     """Stage records from a results folder, in run order; StoredRecordError for a record this
-    quantgate cannot read or a manifest entry that is not a stage folder of this run."""
+    quantgate cannot read, a manifest entry that is not a stage folder of this run, or records
+    that do not make one tree rooted at the baseline (a verdict on them would hang or mislead)."""
+    manifest_path = results_dir / "manifest.json"
     manifest = RunManifest.read(results_dir)
     if not manifest.stages:
-        raise StoredRecordError(f"{results_dir / 'manifest.json'}: lists no stages; the run "
-                                "measured nothing: re-run the acceptance")
+        raise StoredRecordError(f"{manifest_path}: lists no stages; the run measured nothing: "
+                                "re-run the acceptance")
+    if not re.fullmatch(CANDIDATE_NAME, manifest.candidate):
+        raise StoredRecordError(f"{manifest_path}: candidate {manifest.candidate!r} is not a "
+                                f"candidate name a spec allows ({CANDIDATE_NAME}); the manifest "
+                                "was edited or damaged: re-run the acceptance")
     root = results_dir.resolve()
-    for name in manifest.stages:
+    for index, name in enumerate(manifest.stages):
         # A stage is a folder of this run: a path would gate another run's numbers as this one's.
-        plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name
-        if not plain or (results_dir / name).resolve().parent != root:
+        if not re.fullmatch(STAGE_NAME, name) or (results_dir / name).resolve().parent != root:
             raise StoredRecordError(
-                f"{results_dir / 'manifest.json'}: stage entry {name!r} is not a stage folder of "
-                "this run (a plain stage name, no '/' or '..'); the manifest is damaged: re-run "
-                "the acceptance")
+                f"{manifest_path}: stage entry {name!r} is not a stage folder of this run (a "
+                f"stage name as a spec allows, {STAGE_NAME}: no '/', '..' or control "
+                "characters); the manifest is damaged: re-run the acceptance")
+        if name in manifest.stages[:index]:
+            raise StoredRecordError(f"{manifest_path}: stage {name!r} is listed twice in stages; "
+                                    "the manifest is damaged: re-run the acceptance")
+    unlisted = sorted(path.parent.name for path in results_dir.glob("*/stage.json")
+                      if path.parent.name not in manifest.stages)
+    if unlisted:
+        # A stage left out of the manifest is a verdict on part of the run (its failing stage).
+        raise StoredRecordError(f"{manifest_path}: stages {manifest.stages} leave out the stage "
+                                f"folder {unlisted[0]!r} of this run; the manifest is damaged: "
+                                "re-run the acceptance")
     records = [StageRecord.read(results_dir / name) for name in manifest.stages]
+    for name, record in zip(manifest.stages, records, strict=True):
+        if record.name != name:
+            raise StoredRecordError(
+                f"{results_dir / name / 'stage.json'}: name {record.name!r} but its folder and "
+                f"manifest entry are {name!r}; a stage's record is its own folder's: the record "
+                "was moved or edited: re-run the acceptance")
+        if record.kind not in STAGE_KINDS:
+            raise StoredRecordError(
+                f"{results_dir / name / 'stage.json'}: kind {record.kind!r} is not a stage kind, "
+                f"{did_you_mean(record.kind, STAGE_KINDS)}; the record was edited or damaged: "
+                "re-run the acceptance")
+    problem = chain_problem(records)
+    if problem is not None:
+        stage, why = problem
+        where = (f"{results_dir / stage / 'stage.json'}" if stage is not None else
+                 f"{manifest_path}: stages {manifest.stages}")
+        raise StoredRecordError(f"{where}: {why}")
     return manifest.candidate, records

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -17,6 +17,11 @@ from load.results import LoadResult, PairedLoad
 # The layout of stage.json and manifest.json. Bump it when a change would make an older
 # quantgate misread a record; records written before the field existed are layout 1.
 SCHEMA_VERSION = 1
+# The names a spec allows (flows/spec.py Spec.candidate, StageSpec.name): a stored name outside
+# them was not written by quantgate.
+CANDIDATE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+STAGE_NAME = r"[a-z0-9][a-z0-9_-]*"
+STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "control", "structured_output")
 
 Record = TypeVar("Record", bound=BaseModel)
 
@@ -53,13 +58,23 @@ def read_record(path: Path, model: type[Record]) -> Record:
         raise StoredRecordError(f"{path}: written by a newer quantgate (schema {version}, this "
                                 f"one reads {SCHEMA_VERSION}): upgrade quantgate to gate it")
     try:
-        return model.model_validate(data)
+        record = model.model_validate(data)
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
                              for e in err.errors()[:3])
         raise StoredRecordError(f"{path}: schema {version} but not a valid {model.__name__} "
                                 f"({problems}); damaged or older layout: re-run, or re-gate with "
                                 "the quantgate that wrote it") from err
+    # quantgate writes every field, null or not: a field the verdict reads that is absent was
+    # taken out, and its default in its place would judge what was never stored.
+    absent = [name for name in getattr(model, "VERDICT_FIELDS", ()) if name not in data]
+    if absent:
+        raise StoredRecordError(f"{path}: schema {version} record without "
+                                f"{', '.join(map(repr, absent))}, which every {model.__name__} of "
+                                "this layout carries (null where nothing was measured) and the "
+                                "verdict reads; the record was edited or damaged: re-run the "
+                                "acceptance")
+    return record
 
 
 class SetTiming(BaseModel):
@@ -94,6 +109,11 @@ class StageTimings(BaseModel):
 
 
 class StageRecord(BaseModel):
+    # Fields with a default that the verdict reads: a stored record must carry them (as null
+    # where nothing was measured), else `emulated` or `error` taken out would judge by defaults.
+    VERDICT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "emulated", "error", "facts", "quality", "load", "paired_load", "comparability")
+
     schema_version: int = Field(default=SCHEMA_VERSION, description="Layout of stage.json.")
     name: str
     kind: str

@@ -19,6 +19,7 @@ from gates.comparability import (
 from gates.decide import decide, load_records
 from gates.policy import GatePolicy
 from gates.record import RunManifest
+from infra.errors import QuantgateError
 from tests.gates.records import record
 
 SCORES = [1.0] * 30 + [0.0] * 30
@@ -118,20 +119,18 @@ def test_items_the_baseline_never_scored_are_named():
             "scored)") in verdict.reasons
 
 
-def test_records_stored_before_comparability_still_gate_and_say_what_was_not_checked(tmp_path):
+def test_a_record_without_the_comparability_its_layout_carries_is_refused(tmp_path):
+    # Every record of this layout carries it (null where nothing was measured): one without it
+    # was edited, and judging it by a default would skip the rule unseen.
     for name in ("baseline", "w4"):
         record(name, None if name == "baseline" else "baseline", SCORES).save(tmp_path / name)
     RunManifest(candidate="c", stages=["baseline", "w4"]).save(tmp_path)
     stored = json.loads((tmp_path / "w4" / "stage.json").read_text())
     assert stored["comparability"] is None
-    stored.pop("comparability")  # as an older quantgate wrote it
+    stored.pop("comparability")
     (tmp_path / "w4" / "stage.json").write_text(json.dumps(stored))
-    candidate, records = load_records(tmp_path)
-    verdict = decide(candidate, records, GatePolicy())
-    check = next(c for c in verdict.stages[1].checks if c.rule == "comparability")
-    assert verdict.decision == "go" and check.status == "n/a"
-    assert check.reason.startswith("item ids match; chat template, tokenizer, generation settings "
-                                   "and load profile not recorded for the stage and the baseline")
+    with pytest.raises(QuantgateError, match="without 'comparability'"):
+        load_records(tmp_path)
 
 
 def test_one_side_recorded_the_other_not_still_compares_ids_and_says_which():
