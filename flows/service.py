@@ -16,7 +16,9 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from infra.errors import QuantgateError
 from infra.servers import ServiceError
@@ -26,6 +28,10 @@ POOL = "quantgate"
 DEPLOYMENT = "quantgate"
 FLOW = "acceptance"
 ADDRESS_FILE = "service.json"
+ADDRESS_FIELDS = ("prefect_api_url", "mlflow_tracking_uri")
+ADDRESS_ENV = {"prefect_api_url": "PREFECT_API_URL", "mlflow_tracking_uri": "MLFLOW_TRACKING_URI"}
+PROBE_TIMEOUT_S = 3.0  # a live server answers its health check at once
+REQUEST_TIMEOUT_S = 20.0  # each Prefect or MLflow call of `submit` and `status`
 # A run in one of these states is finished without a verdict: submitting it again resumes it.
 RESUMABLE = ("CRASHED", "FAILED", "CANCELLED")
 
@@ -53,19 +59,129 @@ def point_prefect_at(api_url: str) -> None:
         refresh_global_settings_context()
 
 
-def use_service(state_dir: Path) -> dict[str, str]:
-    """Point this process at the running service's Prefect and MLflow servers."""
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed IPv6 host or port
+        return False
+
+
+def read_address(path: Path) -> dict[str, str]:
+    """The servers' addresses `quantgate serve` wrote to `path`, or a ServiceError that names
+    the file and how to get a good one."""
+    fix = f"delete {path} and start `quantgate serve` again"
+    try:
+        address = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ServiceError(f"{path} is not a service address file ({err}): {fix}") from err
+    if not isinstance(address, dict):
+        raise ServiceError(f"{path} is not a service address file (a JSON object with "
+                           f"{' and '.join(ADDRESS_FIELDS)}): {fix}")
+    for field in ADDRESS_FIELDS:
+        value = address.get(field)
+        if not isinstance(value, str) or not _is_http_url(value):
+            shown = "missing" if value is None else f"{value!r}, not an http(s) URL"
+            raise ServiceError(f"{path}: {field} is {shown}: {fix}")
+    return {field: address[field] for field in ADDRESS_FIELDS}
+
+
+def _probe(name: str, url: str, health: str, origin: str, fix: str) -> None:
+    """Refuse a server that does not answer its health check within PROBE_TIMEOUT_S."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"{url.rstrip('/')}{health}", timeout=PROBE_TIMEOUT_S)
+    except httpx.TimeoutException:
+        reason = f"no answer within {PROBE_TIMEOUT_S:g} s"
+    except (httpx.HTTPError, httpx.InvalidURL) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+    else:
+        # One that wants credentials is up: its calls carry them.
+        if answer.status_code < 400 or answer.status_code in (401, 403):
+            return
+        reason = f"{health} answers HTTP {answer.status_code}: is it a {name}?"
+    raise ServiceError(f"the {name} at {url} ({origin}) is not answering ({reason}): {fix}")
+
+
+def use_service(state_dir: Path, probe: bool = False) -> dict[str, str]:
+    """Point this process at the running service's Prefect and MLflow servers (PREFECT_API_URL
+    and MLFLOW_TRACKING_URI, where set, win over the address file). With `probe`, first make
+    sure both answer, so a stopped service is one line that says what to do, not a hang."""
     path = state_dir / ADDRESS_FILE
-    if "PREFECT_API_URL" in os.environ and "MLFLOW_TRACKING_URI" in os.environ:
-        return {"prefect_api_url": os.environ["PREFECT_API_URL"],
-                "mlflow_tracking_uri": os.environ["MLFLOW_TRACKING_URI"]}
-    if not path.is_file():
+    from_env = {field: os.environ[ADDRESS_ENV[field]] for field in ADDRESS_FIELDS
+                if ADDRESS_ENV[field] in os.environ}
+    if len(from_env) < len(ADDRESS_FIELDS) and not path.is_file():
         raise ServiceError(f"no service found ({path} does not exist): start `quantgate serve`, "
                            "or set PREFECT_API_URL and MLFLOW_TRACKING_URI")
-    address = json.loads(path.read_text())
-    point_prefect_at(os.environ.get("PREFECT_API_URL") or address["prefect_api_url"])
+    address = (read_address(path) if len(from_env) < len(ADDRESS_FIELDS) else {}) | from_env
+    if probe:
+        for field, name, health in (("prefect_api_url", "Prefect API", "/health"),
+                                    ("mlflow_tracking_uri", "MLflow server", "/health")):
+            variable = ADDRESS_ENV[field]
+            if field not in from_env:
+                _probe(name, address[field], health, f"from {path}",
+                       f"start `quantgate serve` again, or delete {path} if that service is gone")
+            elif _is_http_url(address[field]):
+                _probe(name, address[field], health, f"from {variable}",
+                       f"start it, or unset {variable} to use the service `quantgate serve` runs")
+            elif field == "prefect_api_url":  # MLflow may be a local store (sqlite:///…)
+                raise ServiceError(f"{variable}={address[field]!r} is not an http(s) URL: set it to "
+                                   "the Prefect API, e.g. http://127.0.0.1:4200/api, or unset it")
+    point_prefect_at(address["prefect_api_url"])
     os.environ.setdefault("MLFLOW_TRACKING_URI", address["mlflow_tracking_uri"])
     return address
+
+
+@contextlib.contextmanager
+def _prefect_calls() -> Iterator[None]:
+    """Prefect client calls that give up after REQUEST_TIMEOUT_S (Prefect's own default is 60 s,
+    retried five times), their failures one ServiceError that names the API."""
+    import httpx
+    from prefect.exceptions import ObjectNotFound, PrefectException
+    from prefect.settings import (
+        PREFECT_API_REQUEST_TIMEOUT,
+        PREFECT_CLIENT_MAX_RETRIES,
+        temporary_settings,
+    )
+
+    url = os.environ.get("PREFECT_API_URL", "(PREFECT_API_URL unset)")
+    try:
+        with temporary_settings(updates={PREFECT_API_REQUEST_TIMEOUT: REQUEST_TIMEOUT_S,
+                                         PREFECT_CLIENT_MAX_RETRIES: 1}):
+            yield
+    except ObjectNotFound as err:
+        raise ServiceError(f"the Prefect API at {url} has no deployment {FLOW}/{DEPLOYMENT}: "
+                           "start `quantgate serve` (it deploys the flow) or point PREFECT_API_URL "
+                           "at the service's Prefect") from err
+    except httpx.TimeoutException as err:
+        raise ServiceError(f"the Prefect API at {url} did not answer within "
+                           f"{REQUEST_TIMEOUT_S:g} s: check that server, then try again") from err
+    except (httpx.HTTPError, PrefectException) as err:
+        raise ServiceError(f"the Prefect API at {url} failed ({' '.join(str(err).split())}): "
+                           "check that server (`quantgate serve` logs under its state folder), "
+                           "then try again") from err
+
+
+@contextlib.contextmanager
+def _mlflow_calls(tracking_uri: str) -> Iterator[None]:
+    """MLflow client calls bounded like _prefect_calls (MLflow's defaults: 120 s, 7 retries)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(REQUEST_TIMEOUT_S)),
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+    added = [name for name in bounds if name not in os.environ]  # the user's own bounds win
+    os.environ.update({name: bounds[name] for name in added})
+    try:
+        yield
+    except (MlflowException, requests.RequestException) as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ServiceError(f"the MLflow server at {tracking_uri} failed ({reason}): check that "
+                           "server, then try again") from err
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 async def _prepare_server() -> None:
@@ -147,12 +263,13 @@ def submit(spec_path: Path, key: str | None = None, no_cache: bool = False,
 
     parameters = {"spec_path": str(spec_path.resolve()), "no_cache": no_cache,
                   "registry_version": registry_version}
-    run = run_deployment(f"{FLOW}/{DEPLOYMENT}", parameters=parameters, timeout=0,
-                         idempotency_key=key, as_subflow=False)
-    state = run.state.type.value if run.state else "SCHEDULED"
-    if state in RESUMABLE:
-        asyncio.run(_reschedule(run.id))
-        return str(run.id), f"resumed (was {state.lower()})"
+    with _prefect_calls():
+        run = run_deployment(f"{FLOW}/{DEPLOYMENT}", parameters=parameters, timeout=0,
+                             idempotency_key=key, as_subflow=False)
+        state = run.state.type.value if run.state else "SCHEDULED"
+        if state in RESUMABLE:
+            asyncio.run(_reschedule(run.id))
+            return str(run.id), f"resumed (was {state.lower()})"
     if key is not None and run.parameters != parameters:
         return str(run.id), f"already submitted as {key} ({state.lower()})"
     return str(run.id), state.lower()
@@ -181,19 +298,22 @@ def status(tracking_uri: str, experiment: str, limit: int = 50) -> list[dict[str
     """Queued, running and finished acceptances, newest first, with their MLflow verdicts."""
     import mlflow
 
-    runs = asyncio.run(_runs(limit))
+    with _prefect_calls():
+        runs = asyncio.run(_runs(limit))
     verdicts: dict[str, dict[str, str]] = {}
-    client = mlflow.MlflowClient(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is not None and runs:
-        # MLflow filters tags by =, != and LIKE only: every service run, then matched here.
-        # Newest first; a resumed run's crashed attempt has no verdict: the judged attempt wins.
-        for logged in client.search_runs([found.experiment_id],
-                                         "tags.`prefect.flow_run_id` LIKE '%'", max_results=1000):
-            tags = logged.data.tags
-            known = verdicts.get(tags["prefect.flow_run_id"])
-            if known is None or ("verdict" in tags and "verdict" not in known):
-                verdicts[tags["prefect.flow_run_id"]] = tags
+    with _mlflow_calls(tracking_uri):
+        client = mlflow.MlflowClient(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None and runs:
+            # MLflow filters tags by =, != and LIKE only: every service run, then matched here.
+            # Newest first; a resumed run's crashed attempt has no verdict: the judged one wins.
+            for logged in client.search_runs([found.experiment_id],
+                                             "tags.`prefect.flow_run_id` LIKE '%'",
+                                             max_results=1000):
+                tags = logged.data.tags
+                known = verdicts.get(tags["prefect.flow_run_id"])
+                if known is None or ("verdict" in tags and "verdict" not in known):
+                    verdicts[tags["prefect.flow_run_id"]] = tags
     rows = []
     for run in runs:
         tags = verdicts.get(str(run.id), {})
@@ -246,6 +366,11 @@ def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> 
             spec = materialize(candidate, specs_dir)
             Prepared(spec)  # a spec that cannot run is an error on the version, not a queued run
             run_id, what = submit(spec, key=candidate.key, registry_version=candidate.key)
+        except ServiceError as err:
+            # Prefect down or slow is not the version's fault: the next poll offers it again.
+            seen.discard(candidate.key)
+            log(f"{candidate.key}: not queued yet: {err}")
+            continue
         except QuantgateError as err:
             mark(client, candidate, "error", error=str(err)[:4000])
             log(f"{candidate.key}: not queued: {err}")

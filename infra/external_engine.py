@@ -2,14 +2,131 @@
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
+import socket
+import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
 from infra.checkpoint import weight_bytes
 from infra.engine import Engine, EngineFacts, register
-from infra.errors import EngineError
+from infra.errors import EngineError, did_you_mean
 from infra.probe import cache_config, get_json, optional_int
+
+RESOLVE_TIMEOUT_S = 2.0  # a name that does not resolve by then is compared by its spelling
+THIS_HOST = "this host"  # what every address of this machine (loopback, its own, 0.0.0.0) is
+LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+PROBE_TIMEOUT_S = 5.0  # a running server lists its models at once
+
+
+def _endpoint(url: str) -> tuple[str, int | str, str]:
+    """(host, port, path) of an engine URL: the scheme's default port filled in, the path without
+    dot segments, repeated or trailing slashes (http://H:80//v1/ is http://h/v1)."""
+    parts = urlsplit(url.strip())
+    try:
+        port: int | str = parts.port or DEFAULT_PORTS.get(parts.scheme.lower(), 0)
+    except ValueError:  # not a number: compared as written
+        port = parts.netloc.rpartition(":")[2]
+    path = posixpath.normpath("/" + parts.path.lstrip("/"))
+    return (parts.hostname or "").rstrip("."), port, path.rstrip("/")
+
+
+def _resolve(host: str, timeout_s: float) -> set[str] | None:
+    """The addresses `host` resolves to, or None when it does not resolve within `timeout_s`
+    (getaddrinfo takes no timeout: it runs in a daemon thread nobody waits for past that)."""
+    found: list[set[str]] = []
+
+    def lookup() -> None:
+        try:
+            found.append({info[4][0] for info in socket.getaddrinfo(host, None,
+                                                                    type=socket.SOCK_STREAM)})
+        except (OSError, UnicodeError):
+            pass
+
+    thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return found[0] if found else None
+
+
+def _own_addresses() -> set[str]:
+    """This machine's interface addresses (psutil, a dependency of Locust), else its name's."""
+    try:
+        import psutil
+
+        return {entry.address.split("%")[0] for entries in psutil.net_if_addrs().values()
+                for entry in entries if entry.family in (socket.AF_INET, socket.AF_INET6)}
+    except (ImportError, OSError):
+        return _resolve(socket.gethostname(), RESOLVE_TIMEOUT_S) or set()
+
+
+def _addresses(host: str, own: set[str], timeout_s: float) -> set[str]:
+    """Where `host` leads: IP addresses, THIS_HOST for this machine, or the name itself when it
+    cannot be resolved (two names that resolve nowhere are only one server if spelt alike)."""
+    if host in LOCAL_NAMES or host.endswith(".localhost"):
+        return {THIS_HOST}
+    try:
+        addresses = {str(ipaddress.ip_address(host.split("%")[0]))}
+    except ValueError:
+        addresses = _resolve(host, timeout_s) or {host}
+    leads = set()
+    for address in addresses:
+        try:
+            ip = ipaddress.ip_address(address.split("%")[0])
+        except ValueError:
+            leads.add(address)
+            continue
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        local = ip.is_loopback or ip.is_unspecified or str(ip) in own
+        leads.add(THIS_HOST if local else str(ip))
+    return leads
+
+
+def same_server(first: str, second: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> bool:
+    """Whether two engine URLs reach one server: same port and path (scheme defaults, slashes
+    normalised) on hosts that resolve to a common address, where 127.0.0.0/8, ::1, localhost,
+    0.0.0.0 and this machine's own addresses are all this host. Each name resolves within
+    `timeout_s`; one that does not is compared by its spelling."""
+    (host, port, path), (other_host, other_port, other_path) = _endpoint(first), _endpoint(second)
+    if (port, path) != (other_port, other_path):
+        return False
+    if host == other_host:
+        return True
+    own = _own_addresses()
+    return bool(_addresses(host, own, timeout_s) & _addresses(other_host, own, timeout_s))
+
+
+def check_running(base_url: str, model: str, timeout_s: float | None = None) -> None:
+    """Refuse a base URL that is not an http(s) URL, whose server does not list its models
+    within `timeout_s` (default PROBE_TIMEOUT_S), or that does not serve `model`."""
+    timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    example = "e.g. http://127.0.0.1:8000"
+    try:
+        parts = urlsplit(base_url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises on a port that is not a number
+    except ValueError:
+        valid = False
+    if not valid:
+        raise EngineError(f"--base-url {base_url!r} is not an http(s) URL with a host, {example}")
+    try:
+        names = [entry["id"] for entry in get_json(base_url.rstrip("/"), "/v1/models",
+                                                   timeout_s)["data"]]
+    except httpx.TimeoutException as err:
+        raise EngineError(f"the server at {base_url} did not list its models within "
+                          f"{timeout_s:g} s: check it is an OpenAI-compatible server") from err
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise EngineError(f"no OpenAI-compatible server answers at {base_url} ({reason}): start "
+                          f"the stage's server, or give its root as --base-url, {example}") from err
+    if model not in names:
+        raise EngineError(f"the server at {base_url} serves {names}, not --model {model!r}; "
+                          f"{did_you_mean(model, names)}")
 
 
 @register

@@ -3,10 +3,11 @@
 A secret is whatever a credential-like flag (`--api-key`, `--hf-token`, `--password` …) or setting
 (an environment variable named like a key, token, secret or password; the password of a URI)
 carries. `redact` replaces every one it can see, and every value `remember` was told about, with
-MASK in any text; `redact_args` does it to a command line. The engine's API key reaches the
-clients (lm-eval, the perplexity and probe requests, the Locust process) through OPENAI_API_KEY,
-the variable lm-eval's OpenAI-compatible models read, and reaches vLLM through VLLM_API_KEY, so
-neither the command line nor vLLM's start-up log ever holds it.
+MASK in any text; `redact_args` does it to a command line. Nothing else is masked: a message that
+only names a credential word (the path /etc/passwd, an eval set called `token`) reads as written.
+The engine's API key reaches the clients (lm-eval, the perplexity and probe requests, the Locust
+process) through OPENAI_API_KEY, the variable lm-eval's OpenAI-compatible models read, and reaches
+vLLM through VLLM_API_KEY, so neither the command line nor vLLM's start-up log ever holds it.
 """
 
 from __future__ import annotations
@@ -27,22 +28,48 @@ _SECRET_FLAG = re.compile(r"^--?([\w-]*(api[-_]?key|token|secret|passw(or)?d|cre
 # user:password@ in any URI (http, postgresql, mysql …); the user name stays, the password goes.
 _URI_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)@",
                            re.IGNORECASE)
-# key=value, key: value, "key": "value" where the key names a credential.
-_KEY_VALUE = re.compile(
-    r"""(?P<key>["']?[\w.-]*(api[-_]?key|token|secret|passw(or)?d)["']?\s*[=:]\s*)"""
-    r"""(?P<quote>["']?)(?P<value>[^\s"',;&}\]]+)""", re.IGNORECASE)
+# A setting that holds a credential is named by a whole word (`hf_token`, `engine.api_key`,
+# `--api-key`, `MLFLOW_TRACKING_PASSWORD`) that starts the text or follows a space, a quote or a
+# separator: `/etc/passwd` is a path and `my-token` a folder, not settings.
+_START = r"""(?<![^\s{\[(,;&?'"])"""
+_SETTING_NAME = r"[\w.-]*(?:api[-_]?key|token|secret|passw(?:or)?d)"
+# "key": "value", 'key': 'value' (JSON, a dict's repr): a quoted name and a quoted value.
+_QUOTED_SETTING = re.compile(
+    rf"""{_START}(?P<key>(?P<key_quote>["']){_SETTING_NAME}(?P=key_quote)\s*[=:]\s*"""
+    r"""(?P<quote>["']))(?P<value>(?:\\.|(?!(?P=quote))[^\\\n])+)(?=(?P=quote))""", re.IGNORECASE)
+# key=value, key: value (YAML, an environment, a query string). `eval set 'token': a data file`
+# and `evalsets.0.token: Field required` are messages about a setting, not its value: a value
+# after `:` or after a quoted name is one only when it ends the setting or looks like a credential.
+_SETTING = re.compile(
+    rf"""{_START}(?P<key>(?P<key_quote>["']?){_SETTING_NAME}(?P=key_quote)\s*(?P<sep>[=:])\s*)"""
+    r"""(?P<value>[^\s"',;&}\]]+)(?P<end>(?=[ \t]*(?:$|[\r\n,;&})\]#])))?""", re.IGNORECASE)
+# `Authorization: Bearer …` as a header, a dict or a curl -H; a bare `Bearer …` when it looks
+# like a credential ("a Bearer token" is prose).
+_AUTHORIZATION = re.compile(
+    r"""(?P<head>\b(?:proxy-)?authorization["']?\s*[:=]\s*["']?"""
+    r"""(?:(?:bearer|basic|token|digest|apikey)\s+)?)(?P<value>[^\s"',;}\]]+)""", re.IGNORECASE)
+_BEARER = re.compile(r"""(?P<head>\bBearer\s+)(?P<value>[^\s"',;}\]]+)""", re.IGNORECASE)
 # A credential flag followed by its value as a command line, a list or its repr shows it:
 # `--api-key sk-1…`, `['--api-key', 'sk-1…']`, `"--hf-token", "hf_1…"`. The credential word is a
 # whole part of the flag's name (`--tokenizer-mode` is no token), and the value must look like a
 # credential (a digit or a sign in it, or 20 characters), so prose such as "the --api-key flag"
 # stays readable.
 _FLAG_VALUE = re.compile(
-    r"""(?P<flag>--?(?:[\w]+-)*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)(?:-[\w]+)*)"""
-    r"""(?P<between>["']?\s*,?\s*["']?)(?P<value>[^\s"',\]\-][^\s"',\]]*)""", re.IGNORECASE)
+    rf"""{_START}(?P<flag>--?(?:[\w]+-)*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)"""
+    r"""(?:-[\w]+)*)(?P<between>["']?\s*,?\s*["']?)(?P<value>[^\s"',\]\-][^\s"',\]]*)""",
+    re.IGNORECASE)
 
 
 def _looks_secret(value: str) -> bool:
-    return len(value) >= 20 or (len(value) >= 8 and bool(re.search(r"[\d_\-+/=.]", value)))
+    return value != MASK and (
+        len(value) >= 20 or (len(value) >= 8 and bool(re.search(r"[\d_\-+/=.]", value))))
+
+
+def _mask_setting(match: re.Match[str]) -> str:
+    plain = match["sep"] == "=" and not match["key_quote"]
+    if plain or _looks_secret(match["value"]) or (match["end"] is not None and not match["key_quote"]):
+        return f"{match['key']}{MASK}"
+    return match[0]
 
 
 _MIN_SECRET = 6  # shorter values would mask ordinary words
@@ -67,7 +94,10 @@ def redact(text: str) -> str:
     if not text:
         return text
     text = _URI_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
-    text = _KEY_VALUE.sub(lambda m: f"{m['key']}{m['quote']}{MASK}", text)
+    text = _AUTHORIZATION.sub(lambda m: f"{m['head']}{MASK}", text)
+    text = _BEARER.sub(lambda m: f"{m['head']}{MASK}" if _looks_secret(m["value"]) else m[0], text)
+    text = _QUOTED_SETTING.sub(lambda m: f"{m['key']}{MASK}", text)
+    text = _SETTING.sub(_mask_setting, text)
     text = _FLAG_VALUE.sub(lambda m: f"{m['flag']}{m['between']}{MASK}"
                            if m["between"] and _looks_secret(m["value"]) else m[0], text)
     for value in sorted(secret_values(), key=len, reverse=True):

@@ -27,16 +27,30 @@ from tests.fake_openai import FakeOpenAI, _Handler
 from tests.flows.checkpoints import W8A8, W8A16, compressed_tensors, emulated, int_args
 
 FIXTURES = Path(__file__).parent / "served"
-MODELS = Path("/work/main/models")  # where the fixtures' engines loaded their checkpoints from
+# Where the fixtures' engines loaded their checkpoints from; each test reads the logs as if that
+# folder were its own tmp_path, so nothing on this machine by that name is looked at.
+FIXTURE_MODELS = "/work/main/models"
+CHECKPOINTS = ("smollm2-135m-bf16", "smollm2-135m-w8a8", "smollm2-135m-w8a16-dequant")
 
 
-def log(name: str) -> str:
-    return (FIXTURES / f"{name}.log").read_text()
+@pytest.fixture
+def models(tmp_path) -> Path:
+    """The fixtures' model folders, made under tmp_path."""
+    folder = tmp_path.resolve() / "models"
+    for name in CHECKPOINTS:
+        (folder / name).mkdir(parents=True)
+    return folder
 
 
-def stage(checkpoint: str, config: dict, name: str = "s", **flags) -> Stage:
+def log(name: str, models: Path | None = None) -> str:
+    """A fixture log; with `models`, as if its engine had loaded its checkpoint from there."""
+    text = (FIXTURES / f"{name}.log").read_text()
+    return text if models is None else text.replace(FIXTURE_MODELS, str(models))
+
+
+def stage(checkpoint: Path, config: dict, name: str = "s", **flags) -> Stage:
     engine_flags = EngineFlags(**flags)
-    return Stage(name=name, kind="weights", parent="baseline", checkpoint=MODELS / checkpoint,
+    return Stage(name=name, kind="weights", parent="baseline", checkpoint=checkpoint,
                  engine_flags=engine_flags, axes=derive_axes(config, engine_flags.model_dump()))
 
 
@@ -45,56 +59,68 @@ QUANTIZED = {"quantization_config": W8A8}
 DEQUANTIZED = {"quantgate_emulated": emulated("smollm2-135m-w8a16", W8A16)}
 
 
-def served(log_name: str, **overrides) -> Served:
-    return Served(config=engine_config(log(log_name)), **overrides)
+def served(log_name: str, models: Path, **overrides) -> Served:
+    return Served(config=engine_config(log(log_name, models)), **overrides)
 
 
 def test_the_engine_config_line_is_read_from_real_logs():
     assert engine_config(log("w8a8-kv-fp8")) == {
-        "model": "/work/main/models/smollm2-135m-w8a8", "dtype": "torch.bfloat16",
+        "model": f"{FIXTURE_MODELS}/smollm2-135m-w8a8", "dtype": "torch.bfloat16",
         "quantization": "compressed-tensors", "kv_cache_dtype": "fp8", "load_format": "auto"}
     assert engine_config(log("bf16"))["quantization"] == "None"
     assert engine_config("no engine here") == {}
 
 
-@pytest.mark.parametrize(("log_name", "checkpoint", "config", "flags", "models"), [
+@pytest.mark.parametrize(("log_name", "checkpoint", "config", "flags", "answers"), [
     ("bf16", "smollm2-135m-bf16", BF16, {}, "bf16"),
     ("bf16-kv-fp8", "smollm2-135m-bf16", BF16, {"kv_cache_dtype": "fp8"}, None),
     ("w8a8", "smollm2-135m-w8a8", QUANTIZED, {}, None),
     ("w8a16-dequant", "smollm2-135m-w8a16-dequant", DEQUANTIZED, {}, None),
     ("w8a8-kv-fp8", "smollm2-135m-w8a8", QUANTIZED, {"kv_cache_dtype": "fp8"}, "w8a8-kv-fp8"),
 ])
-def test_an_engine_serving_what_the_axes_say_passes(log_name, checkpoint, config, flags, models):
+def test_an_engine_serving_what_the_axes_say_passes(models, log_name, checkpoint, config, flags,
+                                                   answers):
     root = cache = None
-    if models:
-        root = json.loads((FIXTURES / f"{models}.models.json").read_text())["data"][0]["root"]
-        cache = cache_config((FIXTURES / f"{models}.metrics").read_text())["cache_dtype"]
-    facts = served(log_name, model_root=root, cache_dtype=cache)
-    assert mismatches(stage(checkpoint, config, **flags), facts, config, dtype="bfloat16") == []
+    if answers:
+        root = json.loads((FIXTURES / f"{answers}.models.json").read_text())["data"][0]["root"]
+        root = root.replace(FIXTURE_MODELS, str(models))
+        cache = cache_config((FIXTURES / f"{answers}.metrics").read_text())["cache_dtype"]
+    facts = served(log_name, models, model_root=root, cache_dtype=cache)
+    assert mismatches(stage(models / checkpoint, config, **flags), facts, config,
+                      dtype="bfloat16") == []
 
 
-def test_a_kv_cache_flag_the_axes_do_not_know_is_caught():
+def test_a_checkpoint_reached_through_a_symlink_is_the_folder_the_engine_loaded(models):
+    link = models / "current"
+    link.symlink_to(models / "smollm2-135m-bf16", target_is_directory=True)
+    assert mismatches(stage(link, BF16), served("bf16", models), BF16) == []
+    problems = mismatches(stage(link, BF16), served("w8a8", models), BF16)
+    assert f"but its checkpoint is {models / 'smollm2-135m-bf16'}" in problems[0]
+
+
+def test_a_kv_cache_flag_the_axes_do_not_know_is_caught(models):
     # `kv_cache_dtype` unset, `--kv-cache-dtype fp8` smuggled in: labelled auto, served fp8.
-    problems = mismatches(stage("smollm2-135m-bf16", BF16, name="a8"), served("bf16-kv-fp8"), BF16)
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16, name="a8"),
+                          served("bf16-kv-fp8", models), BF16)
     assert problems == ["stage a8 serves kv_cache fp8_e4m3 but its axes say auto"]
     # ...and the other way round: labelled fp8, served auto (the last of two flags won).
-    problems = mismatches(stage("smollm2-135m-bf16", BF16, name="kv", kv_cache_dtype="fp8"),
-                          served("bf16"), BF16)
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16, name="kv", kv_cache_dtype="fp8"),
+                          served("bf16", models), BF16)
     assert problems == ["stage kv serves kv_cache auto but its axes say fp8_e4m3"]
 
 
-def test_metrics_win_over_the_log_for_the_kv_cache():
+def test_metrics_win_over_the_log_for_the_kv_cache(models):
     cache = cache_config((FIXTURES / "w8a8-kv-fp8.metrics").read_text())["cache_dtype"]
     assert cache == "fp8"
-    facts = served("w8a8", cache_dtype=cache)
-    problems = mismatches(stage("smollm2-135m-w8a8", QUANTIZED), facts, QUANTIZED)
+    facts = served("w8a8", models, cache_dtype=cache)
+    problems = mismatches(stage(models / "smollm2-135m-w8a8", QUANTIZED), facts, QUANTIZED)
     assert problems == ["stage s serves kv_cache fp8_e4m3 but its axes say auto"]
 
 
-def test_online_quantization_the_axes_do_not_know_is_caught():
+def test_online_quantization_the_axes_do_not_know_is_caught(models):
     # The real baseline log as it reads when `--quantization fp8` slipped into extra_args.
-    text = log("bf16").replace("quantization=None,", "quantization=fp8,")
-    problems = mismatches(stage("smollm2-135m-bf16", BF16, name="baseline"),
+    text = log("bf16", models).replace("quantization=None,", "quantization=fp8,")
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16, name="baseline"),
                           Served(config=engine_config(text)), BF16)
     assert problems == [
         "stage baseline serves weights float8/tensor (quantization fp8) but its axes say none",
@@ -102,31 +128,34 @@ def test_online_quantization_the_axes_do_not_know_is_caught():
         "say none"]
 
 
-def test_a_quantization_neither_the_checkpoint_nor_the_flags_declare_is_caught():
-    text = log("w8a8").replace("quantization=compressed-tensors,", "quantization=bitsandbytes,")
-    problems = mismatches(stage("smollm2-135m-w8a8", QUANTIZED), Served(config=engine_config(text)),
-                          QUANTIZED)
+def test_a_quantization_neither_the_checkpoint_nor_the_flags_declare_is_caught(models):
+    text = log("w8a8", models).replace("quantization=compressed-tensors,",
+                                       "quantization=bitsandbytes,")
+    problems = mismatches(stage(models / "smollm2-135m-w8a8", QUANTIZED),
+                          Served(config=engine_config(text)), QUANTIZED)
     assert len(problems) == 1
     assert "serves quantization 'bitsandbytes', which neither its checkpoint (compressed-tensors)" \
         in problems[0]
 
 
-def test_another_model_than_the_stage_checkpoint_is_caught():
-    facts = served("w8a8", model_root="/work/main/models/smollm2-135m-w8a8")
-    problems = mismatches(stage("smollm2-135m-bf16", BF16, name="baseline"), facts, BF16)
-    assert "stage baseline serves model /work/main/models/smollm2-135m-w8a8 (/v1/models, its " \
-        "start-up log) but its checkpoint is /work/main/models/smollm2-135m-bf16" in problems
+def test_another_model_than_the_stage_checkpoint_is_caught(models):
+    facts = served("w8a8", models, model_root=str(models / "smollm2-135m-w8a8"))
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16, name="baseline"), facts, BF16)
+    assert f"stage baseline serves model {models}/smollm2-135m-w8a8 (/v1/models, its " \
+        f"start-up log) but its checkpoint is {models}/smollm2-135m-bf16" in problems
 
 
-def test_a_dtype_other_than_the_spec_is_caught():
-    problems = mismatches(stage("smollm2-135m-bf16", BF16), served("bf16"), BF16, dtype="float32")
+def test_a_dtype_other_than_the_spec_is_caught(models):
+    bf16 = stage(models / "smollm2-135m-bf16", BF16)
+    problems = mismatches(bf16, served("bf16", models), BF16, dtype="float32")
     assert problems == ["stage s serves dtype bfloat16 but engine.dtype is float32"]
-    assert mismatches(stage("smollm2-135m-bf16", BF16), served("bf16"), BF16, dtype="auto") == []
+    assert mismatches(bf16, served("bf16", models), BF16, dtype="auto") == []
 
 
-def test_random_weights_are_caught():
-    text = log("bf16").replace("load_format=auto,", "load_format=dummy,")
-    problems = mismatches(stage("smollm2-135m-bf16", BF16), Served(config=engine_config(text)), BF16)
+def test_random_weights_are_caught(models):
+    text = log("bf16", models).replace("load_format=auto,", "load_format=dummy,")
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16),
+                          Served(config=engine_config(text)), BF16)
     assert problems == ["stage s loads its weights with load_format dummy, not the checkpoint's own"]
 
 
@@ -139,13 +168,13 @@ def test_a_checkpoint_kv_scheme_vllm_does_not_apply_is_refused_at_plan_time():
     assert derive_axes({"quantization_config": scheme}, {"kv_cache_dtype": "fp8"}).kv_cache
 
 
-def test_a_log_without_the_config_line_fails_closed():
-    problems = mismatches(stage("smollm2-135m-bf16", BF16), Served(), BF16)
+def test_a_log_without_the_config_line_fails_closed(models):
+    problems = mismatches(stage(models / "smollm2-135m-bf16", BF16), Served(), BF16)
     assert len(problems) == 1 and "cannot tell what the engine serves" in problems[0]
 
 
-def test_an_external_engine_is_judged_on_its_metrics_only():
-    external = stage("anywhere", BF16, name="kv", kv_cache_dtype="fp8")
+def test_an_external_engine_is_judged_on_its_metrics_only(models):
+    external = stage(models / "anywhere", BF16, name="kv", kv_cache_dtype="fp8")
     assert mismatches(external, Served(cache_dtype="fp8"), {}, external=True) == []
     assert mismatches(external, Served(), {}, external=True) == []  # nothing exposed
     assert mismatches(external, Served(cache_dtype="auto"), {}, external=True) == [
@@ -182,13 +211,13 @@ class FakeVllm(FakeOpenAI):
         return self
 
 
-def test_check_served_raises_an_engine_error_on_a_mismatch():
+def test_check_served_raises_an_engine_error_on_a_mismatch(models):
     with FakeVllm((FIXTURES / "w8a8-kv-fp8.metrics").read_text()) as server:
         spec = ExternalEngineSpec(kind="external", url=server.base_url)
         facts = EngineFacts(base_url=server.base_url, model="fake-model", kv_cache_dtype="fp8")
-        check_served(stage("x", BF16, kv_cache_dtype="fp8"), facts, spec, None)
+        check_served(stage(models / "x", BF16, kv_cache_dtype="fp8"), facts, spec, None)
         with pytest.raises(ServedMismatchError, match="serves kv_cache fp8_e4m3 but its axes say auto"):
-            check_served(stage("x", BF16), facts, spec, None)
+            check_served(stage(models / "x", BF16), facts, spec, None)
 
 
 def test_a_stage_whose_engine_disagrees_is_not_measured(tmp_path, monkeypatch):
