@@ -26,12 +26,15 @@ from evalsets.code_tests import (
     detect_style,
     prove,
 )
-from infra.errors import did_you_mean
+from infra.errors import MeasurementError, did_you_mean
+from infra.values import at_most
 
 # Quotes, markdown emphasis and trailing punctuation a model wraps a short answer in.
 _WRAPPING = " \t\r\n\"'`*_"
 _TRAILING = ".,;:!?。"
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+# One search of one answer: a sane pattern takes microseconds; past this it is backtracking.
+REGEX_TIMEOUT_S = 1.0
 
 
 def normalize(text: str) -> str:
@@ -49,8 +52,67 @@ def score_exact(response: str, reference: str) -> bool:
 
 
 def score_regex(response: str, pattern: str) -> bool:
-    """The pattern is found in the response (anchor it with ^...$ for a whole-answer match)."""
-    return re.search(pattern, response) is not None
+    """The pattern is found in the response (anchor it with ^...$ for a whole-answer match).
+
+    Searched with the `regex` package (it comes with lm-eval), whose search takes a timeout:
+    a pattern that backtracks without end fails the measurement, in one line, instead of
+    hanging it (validate already refuses the nested repeats that do so: nested_repeat)."""
+    import regex
+
+    try:
+        return regex.search(pattern, response, timeout=REGEX_TIMEOUT_S) is not None
+    except TimeoutError as exc:
+        raise MeasurementError(
+            f"regex scorer: pattern {pattern!r} took over {REGEX_TIMEOUT_S:g} s on a "
+            f"{len(response):,}-character answer (backtracking); simplify the pattern") from exc
+
+
+def nested_repeat(pattern: str) -> str | None:
+    """Why a pattern can take exponential time, or None: an unbounded repeat (*, +, {n,})
+    inside another, as in '(a+)+$', backtracks through every split of an answer that almost
+    matches. Possessive ('a++') and atomic ('(?>a+)') repeats do not backtrack and pass."""
+    from re import _constants as sre
+    from re import _parser
+
+    def unbounded(op: object, arg: tuple) -> bool:
+        return op in (sre.MAX_REPEAT, sre.MIN_REPEAT) and arg[1] == sre.MAXREPEAT
+
+    def nests(items: object, inside: bool) -> bool:
+        for op, arg in items:
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):
+                if unbounded(op, arg) and inside:
+                    return True
+                if nests(arg[2], inside or unbounded(op, arg)):
+                    return True
+            elif op == sre.SUBPATTERN and nests(arg[3], inside):
+                return True
+            elif op == sre.BRANCH and any(nests(branch, inside) for branch in arg[1]):
+                return True
+            elif op in (sre.ASSERT, sre.ASSERT_NOT) and nests(arg[1], inside):
+                return True
+            elif op == sre.GROUPREF_EXISTS and any(nests(part, inside) for part in arg[1:]
+                                                   if part is not None):
+                return True
+        return False
+
+    if not nests(_parser.parse(pattern), False):
+        return None
+    return (f"pattern {pattern!r} nests a repeat inside a repeat (like '(a+)+'), which can take "
+            "exponential time on an answer that almost matches; write it without the nesting, "
+            "or make the inner repeat possessive ('a++') or atomic ('(?>a+)')")
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why a pattern cannot score answers, or None: not a regular expression (for Python's re
+    and the regex package that searches it), or one that backtracks exponentially."""
+    import regex
+
+    try:
+        re.compile(pattern)
+        regex.compile(pattern)
+    except (re.error, regex.error) as exc:
+        return f"pattern {pattern!r} is not a regular expression: {exc}"
+    return nested_repeat(pattern)
 
 
 def last_number(text: str) -> float | None:
@@ -68,8 +130,8 @@ def score_numeric(response: str, reference: float, tolerance: float = 0.0,
                   relative: float = 0.0) -> bool:
     """The response's last number is within `tolerance` (absolute) or `relative` x |reference|."""
     answer = last_number(response)
-    if answer is None or not math.isfinite(answer):
-        return False
+    if answer is None or not math.isfinite(answer) or not math.isfinite(reference):
+        return False  # an infinite reference would be "within" any tolerance of every answer
     return abs(answer - reference) <= max(tolerance, relative * abs(reference))
 
 
@@ -94,7 +156,8 @@ def as_json(value: Any) -> Any:
 
 
 class _Scorer(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # An infinite tolerance scores every answer right; .nan scores every answer wrong.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     @property
     def fields(self) -> list[str]:
@@ -144,12 +207,9 @@ class RegexScorer(_Scorer):
         if (self.pattern is None) == (self.field is None):
             raise ValueError("a regex scorer takes exactly one of 'pattern' (every row) or "
                              "'field' (the row field that holds each row's pattern)")
-        if self.pattern is not None:
-            try:
-                re.compile(self.pattern)
-            except re.error as exc:
-                raise ValueError(f"pattern {self.pattern!r} is not a regular expression: {exc}") \
-                    from exc
+        problem = None if self.pattern is None else regex_problem(self.pattern)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @property
@@ -162,11 +222,8 @@ class RegexScorer(_Scorer):
     def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
         if self.field is None:
             return None
-        try:
-            re.compile(str(row[self.field]))
-        except re.error as exc:
-            return self.field, f"not a regular expression: {exc}"
-        return None
+        problem = regex_problem(str(row[self.field]))
+        return None if problem is None else (self.field, problem)
 
 
 class NumericScorer(_Scorer):
@@ -175,7 +232,9 @@ class NumericScorer(_Scorer):
     kind: Literal["numeric"]
     field: str = Field(default="answer", description="Row field with the reference number.")
     tolerance: float = Field(default=0.0, ge=0, description="Absolute tolerance.")
-    relative: float = Field(default=0.0, ge=0, description="Relative tolerance (0.01 = 1 %).")
+    relative: Annotated[float, at_most(1, "", "above 1 an answer of the wrong sign scores "
+                                      "right")] = Field(
+        default=0.0, ge=0, description="Relative tolerance (0.01 = 1 %), at most 1.")
 
     @property
     def fields(self) -> list[str]:
@@ -187,9 +246,12 @@ class NumericScorer(_Scorer):
 
     def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
         try:
-            float(str(row[self.field]).replace(",", ""))
+            reference = float(str(row[self.field]).replace(",", ""))
         except ValueError:
             return self.field, f"{row[self.field]!r} is not a number"
+        if not math.isfinite(reference):
+            return self.field, (f"{row[self.field]!r} is not a finite number: every answer would "
+                                "be within tolerance of it (or none); give the reference number")
         return None
 
 
@@ -211,10 +273,15 @@ class JsonScorer(_Scorer):
             raise ValueError("a json scorer takes exactly one of 'schema' (every row) or "
                              "'schema_field' (the row field that holds each row's schema)")
         if self.schema_ is not None:
+            from evalsets.structured import local_refs_problem
+
             try:
                 validator_for(self.schema_).check_schema(self.schema_)
             except SchemaError as exc:
                 raise ValueError(f"'schema' is not a valid JSON Schema: {exc.message}") from exc
+            problem = local_refs_problem(self.schema_)
+            if problem is not None:
+                raise ValueError(f"'schema': {problem}")
         return self
 
     @property
@@ -240,6 +307,11 @@ class JsonScorer(_Scorer):
             return where, f"not JSON text: {exc}"
         except (SchemaError, TypeError, AttributeError) as exc:
             return where, f"not a valid JSON Schema: {getattr(exc, 'message', exc)}"
+        from evalsets.structured import local_refs_problem
+
+        refs = local_refs_problem(schema)
+        if refs is not None:
+            return where, refs
         if self.field is None:
             return None
         try:

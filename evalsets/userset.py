@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from evalsets.jsonl import parse_row
 from evalsets.scorers import ChoiceScorer
 from evalsets.spec import EvalSetInfo
 from infra.errors import SpecError
@@ -37,28 +38,19 @@ def _utf8(path: Path, raw: bytes) -> str:
 
 
 def _jsonl(path: Path, raw: bytes) -> list[dict]:
-    rows = []
-    for number, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SpecError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from exc
-        try:
-            row = json.loads(text)
-        except ValueError as exc:
-            raise SpecError(f"{path}:{number}: not JSON: {exc}") from exc
-        if not isinstance(row, dict):
-            raise SpecError(f"{path}:{number}: a JSON {type(row).__name__}, not an object")
-        rows.append(row | {LINE: number})
-    return rows
+    return [parse_row(path, number, line) | {LINE: number}
+            for number, line in enumerate(raw.splitlines(), start=1) if line.strip()]
 
 
 def _csv(path: Path, raw: bytes) -> list[dict]:
     reader = csv.DictReader(io.StringIO(_utf8(path, raw), newline=""))
     rows = []
     try:
+        columns = reader.fieldnames or []
+        twice = next((name for name in columns if columns.count(name) > 1), None)
+        if twice is not None:
+            raise SpecError(f"{path}:1: column {twice!r} is given twice in the header (each row "
+                            "would keep the second silently); keep one")
         for row in reader:
             if None in row:
                 raise SpecError(f"{path}:{reader.line_num}: more values than the header has "

@@ -27,6 +27,10 @@ def describe_validation_error(source: str, err: ValidationError, model: type[Bas
             lines.append(f"unknown field {field!r}; {hint}".rstrip("; "))
         elif problem["type"] == "missing":
             lines.append(f"field {field!r}: {message}")
+        elif problem["type"] == "finite_number":
+            lines.append(f"field {field!r}: {message} (got {problem.get('input')!r}); give a "
+                         "finite value: .inf and .nan cannot be meant (nothing is switched off "
+                         "by an infinite value; a rule by its own setting)")
         elif not loc or problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
             # A rule across fields: the input is the whole mapping, not worth echoing.
             lines.append(f"{field}: {message}")
@@ -64,9 +68,14 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping repeats a key: YAML would silently keep the last one."""
 
 
+class AliasBombError(yaml.composer.ComposerError):
+    """Aliases that expand the document far beyond what it holds ("billion laughs")."""
+
+
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a repeated key instead of letting the second one win (a second
-    `stages:` would otherwise drop the first list without a word)."""
+    `stages:` would otherwise drop the first list without a word), and a document whose aliases
+    expand it beyond reason (pydantic would copy every expanded node: a MemoryError)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}
@@ -87,13 +96,68 @@ class StrictLoader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def compose_document(self) -> yaml.Node:
+        root = super().compose_document()
+        _check_expansion(root)
+        return root
+
+
+# Nodes that aliases may add to a document beyond the ones it writes out: anchors that reuse a
+# block a few times add tens; nested aliases multiply (9 levels of 9 copies: 387 million).
+MAX_ALIAS_EXPANSION = 100_000
+
+
+def _check_expansion(root: yaml.Node | None) -> None:
+    """Refuse a document whose aliases expand it by more than MAX_ALIAS_EXPANSION nodes, or that
+    refers to itself (an endless structure), before anything is constructed from it."""
+    if root is None:
+        return
+    sizes: dict[int, int] = {}  # id(node) -> expanded size, once its children are summed
+    distinct: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            children = _children(node)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in children)
+            open_nodes.discard(key)
+            if sizes[key] - len(distinct) > MAX_ALIAS_EXPANSION:
+                raise AliasBombError(
+                    None, None, f"the aliases under line {node.start_mark.line + 1} expand the "
+                    f"document by more than {MAX_ALIAS_EXPANSION:,} nodes (a 'billion laughs'); "
+                    "write the values out or use fewer nested aliases", node.start_mark)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise AliasBombError(None, None, f"the node at line {node.start_mark.line + 1} holds an "
+                                 "alias of itself (an endless structure); remove that alias",
+                                 node.start_mark)
+        distinct.add(key)
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
 
 def parse_yaml(text: str, source: str = "<string>") -> object:
-    """YAML text to Python objects, refusing repeated keys; errors name `source` and the line."""
+    """YAML text to Python objects, refusing repeated keys, alias bombs and endless nesting;
+    errors name `source` and the line."""
     try:
         return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
-    except DuplicateKeyError as err:
+    except (DuplicateKeyError, AliasBombError) as err:
         raise SpecError(f"{source}: {err.problem}") from err
+    except RecursionError as err:
+        raise SpecError(f"{source}: nested too deeply to read; flatten the document") from err
     except yaml.YAMLError as err:
         raise SpecError(f"{source}: not valid YAML: {err}".replace("\n", " ")) from err
 

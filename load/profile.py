@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from infra.errors import SpecError, did_you_mean
+from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds
 from infra.yamlfile import load_model
 from load.gpu_slos import gpu_slo
 
@@ -17,7 +18,7 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 class Slo(BaseModel):
     """A service-level objective per request: a request meets it when every set bound holds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     ttft_ms: float | None = Field(default=None, gt=0, description="Highest acceptable TTFT.")
     tpot_ms: float | None = Field(default=None, gt=0, description="Highest acceptable TPOT.")
@@ -32,7 +33,7 @@ class Slo(BaseModel):
 class CapacitySearch(BaseModel):
     """Bounded search for the highest Poisson request rate at which `target` of requests meet the SLO."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(default=False, description="Off by default: a search costs several runs.")
     every_stage: bool = Field(
@@ -43,17 +44,17 @@ class CapacitySearch(BaseModel):
     iterations: int = Field(
         default=4, ge=0, le=12, description="Bisection steps after both bounds were tried."
     )
-    duration_s: float = Field(default=20.0, gt=0, description="Measured seconds per tried rate.")
-    warmup_s: float = Field(default=3.0, ge=0, description="Unmeasured seconds before each rate.")
+    duration_s: Seconds = Field(default=20.0, gt=0, description="Measured seconds per tried rate.")
+    warmup_s: Seconds = Field(default=3.0, ge=0, description="Unmeasured seconds before each rate.")
     target: float = Field(
         default=0.99, gt=0, le=1, description="Share of requests that must meet the SLO."
     )
-    min_requests: int = Field(
+    min_requests: Count = Field(
         default=20, ge=1,
         description="Expected arrivals per tried rate: a low rate runs longer, for "
         "max(duration_s, min_requests / rate) measured seconds, so that it is judged on data.",
     )
-    pool_users: int = Field(
+    pool_users: Count = Field(
         default=64,
         ge=1,
         description="Users that fire the scheduled arrivals; more than rate x latency, or "
@@ -68,6 +69,14 @@ class CapacitySearch(BaseModel):
     def _bounds_ordered(self) -> CapacitySearch:
         if self.max_rate <= self.min_rate:
             raise ValueError(f"max_rate ({self.max_rate}) must be > min_rate ({self.min_rate})")
+        if self.max_rate * self.window_s(self.max_rate) > MAX_COUNT:
+            raise ValueError(f"max_rate {self.max_rate:g} req/s would send "
+                             f"{self.max_rate * self.window_s(self.max_rate):,.0f} requests in "
+                             f"one tried rate, over {MAX_COUNT:,}; lower max_rate or duration_s")
+        if self.window_s(self.min_rate) > MAX_SECONDS:
+            raise ValueError(f"min_rate {self.min_rate:g} req/s would measure min_requests "
+                             f"({self.min_requests}) for {self.window_s(self.min_rate):,.0f} s, over "
+                             f"a day ({MAX_SECONDS:,} s); raise min_rate or lower min_requests")
         return self
 
 
@@ -107,35 +116,35 @@ class PromptSource(BaseModel):
 class LoadProfile(BaseModel):
     """Two concurrency levels of fixed-size streaming requests; every stage does equal work."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    low_users: int = Field(default=1, ge=1, description="Concurrent users at the low level.")
-    high_users: int = Field(ge=1, description="Concurrent users at the high level.")
-    prompt_tokens: int = Field(
+    low_users: Count = Field(default=1, ge=1, description="Concurrent users at the low level.")
+    high_users: Count = Field(ge=1, description="Concurrent users at the high level.")
+    prompt_tokens: Count = Field(
         ge=1, description="Random prompts: exact prompt length in tokens (sent as token ids, so "
         "it never drifts). Prompts from a source: the longest one sent (longer ones are left out)."
     )
     prompts: PromptSource = Field(
         default_factory=PromptSource, description="Random token ids, or prompts replayed from "
         "an eval set or a file.")
-    output_tokens: int = Field(
+    output_tokens: Count = Field(
         ge=2,
         description="Exact output length: requests use ignore_eos and max_tokens = this value.",
     )
-    warmup_s: float = Field(
+    warmup_s: Seconds = Field(
         default=5.0,
         ge=0,
         description="Duration runs: requests started during the warm-up are left out of stats.",
     )
-    duration_s: float | None = Field(
+    duration_s: Seconds | None = Field(
         default=None, gt=0, description="Measured seconds per level, after the warm-up."
     )
-    requests: int | None = Field(
+    requests: Count | None = Field(
         default=None,
         ge=1,
         description="Instead of duration_s: measured requests per level (single process only).",
     )
-    warmup_requests: int = Field(
+    warmup_requests: Count = Field(
         default=0, ge=0, description="Request-count runs: first requests left out of stats."
     )
     repeats: int = Field(
@@ -149,16 +158,16 @@ class LoadProfile(BaseModel):
         "level (reference then stage, then stage then reference, ...); the latency gate's "
         "t-interval over per-round ratios needs at least 3.",
     )
-    round_requests: int = Field(
+    round_requests: Count = Field(
         default=6, ge=2, description="Measured requests per side, level and round (a count)."
     )
-    round_warmup_requests: int = Field(
+    round_warmup_requests: Count = Field(
         default=1, ge=0, description="Unmeasured first requests of each side's run in a round."
     )
     max_error_rate: float = Field(
         default=0.01, ge=0, le=1, description="Highest acceptable share of failed requests."
     )
-    request_timeout_s: float = Field(
+    request_timeout_s: Seconds = Field(
         default=120.0, gt=0, description="Client timeout for one request, connect to last byte."
     )
     seed: int = Field(default=1234, description="Seed of the prompt token-id generator.")
@@ -209,6 +218,16 @@ class LoadProfile(BaseModel):
     def levels(self) -> dict[str, int]:
         """Level name -> concurrent users, in the order they run."""
         return {"low": self.low_users, "high": self.high_users}
+
+    def check_fits(self, max_model_len: int | None, source: str) -> None:
+        """Refuse a profile whose requests cannot fit the engine's context (known only once the
+        spec's engine and this profile meet): every request would be refused by the server."""
+        needed = self.prompt_tokens + self.output_tokens
+        if max_model_len is not None and needed > max_model_len:
+            raise SpecError(
+                f"load profile {source}: prompt_tokens ({self.prompt_tokens}) + output_tokens "
+                f"({self.output_tokens}) = {needed} tokens per request, but engine.max_model_len "
+                f"is {max_model_len}; shorten the profile's requests or raise engine.max_model_len")
 
 
 def bundled_profiles() -> list[str]:

@@ -1,0 +1,77 @@
+"""Scoring that cannot be meant is refused where it is read: a regex that backtracks without end,
+a reference no answer can miss, a data row with a key twice, a schema that reaches outside."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from evalsets.jsonl import read_jsonl
+from evalsets.scorers import NumericScorer, RegexScorer, nested_repeat, score_numeric, score_regex
+from evalsets.structured import item_schema, remote_ref
+from infra.errors import MeasurementError, SpecError
+
+
+def test_a_backtracking_search_fails_the_measurement_in_one_line_instead_of_hanging():
+    # An overlapping alternation: not a nested repeat, so only the search's timeout bounds it.
+    with pytest.raises(MeasurementError, match=r"pattern '\(a\|aa\)\+\$' took over 1 s on a "
+                                               r"61-character answer"):
+        score_regex("a" * 60 + "!", "(a|aa)+$")
+    assert score_regex("due 2024-03-01.", r"\b2024-03-01\b")
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", r"(\w+\s?)*$", "(?:x|(a*))*", "((ab)*c)*"])
+def test_nested_repeats_are_refused_at_validate_saying_how_to_fix_them(pattern):
+    with pytest.raises(ValidationError, match="nests a repeat inside a repeat"):
+        RegexScorer(kind="regex", pattern=pattern)
+    assert RegexScorer(kind="regex", field="pattern").problem({"pattern": pattern})[0] == "pattern"
+
+
+@pytest.mark.parametrize("pattern", [r"\b2020-01-02\b", "(a++)+$", "(?>a+)+$", r"a{2,}b+",
+                                     r"^(yes|no)\.?$"])
+def test_patterns_without_nested_backtracking_pass(pattern):
+    assert nested_repeat(pattern) is None
+    RegexScorer(kind="regex", pattern=pattern)
+
+
+def test_an_infinite_reference_or_tolerance_cannot_score_every_answer_right():
+    scorer = NumericScorer(kind="numeric", field="answer", tolerance=0.5)
+    for value in ("inf", "-Infinity", "nan", float("inf")):
+        field, why = scorer.problem({"answer": value})
+        assert field == "answer" and "is not a finite number" in why
+    assert not score_numeric("42", float("inf"), 0.5, 0.5)
+    for tolerance in (float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="finite number"):
+            NumericScorer(kind="numeric", tolerance=tolerance)
+    with pytest.raises(ValidationError, match="wrong sign scores right"):
+        NumericScorer(kind="numeric", relative=2)
+
+
+def test_a_jsonl_key_given_twice_or_a_nan_constant_is_named_by_file_line_and_key(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": 1, "answer": 2}\n\n{"id": 2, "meta": {"k": 1, "k": 2}}\n')
+    with pytest.raises(SpecError) as raised:
+        read_jsonl(path)
+    assert str(raised.value) == (f"{path}:3: key 'k' is given twice in one object (JSON would "
+                                 "keep the second silently); keep one")
+    path.write_text('{"id": 1, "answer": NaN}\n')
+    with pytest.raises(SpecError, match=r"rows\.jsonl:1: NaN is not a JSON number"):
+        read_jsonl(path)
+
+
+def test_only_local_schema_references_are_followed():
+    local = {"$defs": {"a": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}
+    assert remote_ref(local) is None
+    assert remote_ref({"items": [{"$ref": "http://evil.example/s"}]}) == "http://evil.example/s"
+    assert item_schema({"id": 1, "schema": local}) == local
+    with pytest.raises(MeasurementError, match=r"item 7: schema \$ref 'file:///etc/s\.json' is not local"):
+        item_schema({"id": 7, "schema": {"$ref": "file:///etc/s.json"}})
+
+
+def test_a_csv_column_given_twice_is_named(tmp_path):
+    from evalsets.userset import read_rows
+
+    path = tmp_path / "rows.csv"
+    path.write_text("id,prompt,answer,answer\n1,p,2,3\n")
+    with pytest.raises(SpecError, match=r"rows\.csv:1: column 'answer' is given twice in the header"):
+        read_rows(path)
