@@ -20,6 +20,7 @@ from evalsets.structured import check_schema_items
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
 from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
+from flows.estimate import RunEstimate, predicted_against_actual
 from flows.plan import Stage, plan, searches_capacity
 from flows.power import check_decision_power
 from flows.service import host_limit
@@ -43,7 +44,7 @@ from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
 from gates.verdict import Verdict
 from gates.whatif import workload_from_profile
-from infra.checkpoint import check_tokenizer, model_shape
+from infra.checkpoint import check_checkpoint, check_same_chat_template, model_shape
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -75,7 +76,7 @@ class Prepared:
         if engine.kind == "vllm":
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
             for checkpoint in dict.fromkeys(stage.checkpoint for stage in self.stages):
-                check_tokenizer(checkpoint)
+                check_checkpoint(checkpoint)  # headers and tokenizer: a broken file fails now
             check_prompts_fit(self.spec.evalsets, engine.max_model_len,
                               self.spec.baseline.checkpoint / "tokenizer.json")
             if engine.device == "cpu":
@@ -84,14 +85,19 @@ class Prepared:
                     axes = stage.axes
                     check_cpu_servable(stage.name, axes.weights, axes.activations, axes.kv_cache,
                                        axes.emulated, flags)
+        if self.spec.chat_template:  # the comparability gate would find it after both stages ran
+            for stage in self.stages[1:]:
+                check_same_chat_template(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         base = spec_path.resolve().parent
         profile = self.spec.load_profile
         if profile.endswith((".yaml", ".yml")) and not Path(profile).is_absolute():
             profile = str(base / profile)
         self.profile: LoadProfile = load_profile(profile)
+        self.profile.check_fits(getattr(engine, "max_model_len", None), profile)
         # Replayed load prompts are read and tokenized now: a bad prompt file fails before any engine.
         self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
+        self.policy.check_min_items(self.pools, self.spec.gate_policy)
         self.power = check_power(self.spec, self.stages, self.pools, self.policy)
         self.decision_power = check_decision_power(self.spec, self.stages, self.pools, self.policy)
 
@@ -226,8 +232,9 @@ def measure_paired_load(
     # Only the stage's side adds its request fields: the reference is asked as it always is.
     # A required latency rule that the rounds leave unresolved gets more rounds (its budget).
     return run_paired_load(
-        Server(facts.base_url, facts.model, request_body),
-        Server(reference_facts.base_url, reference_facts.model),
+        Server(facts.base_url, facts.model, request_body, local=facts.pid is not None),
+        Server(reference_facts.base_url, reference_facts.model,
+               local=reference_facts.pid is not None),
         reference.name, profile, folder / "load", reference_command=reference_facts.command_line(),
         cores=cores, salt=salt,
         more_rounds=None if policy is None else lambda paired, level: wants_more_rounds(
@@ -398,6 +405,11 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
     candidate = next((s for s in reversed(prepared.stages[1:]) if s.kind != "control"), None)
     reused: set[str] = set()
     keep_until = engines_to_keep(prepared)
+    cached = set() if no_cache else {s.name for s in prepared.stages
+                                     if s.kind != "control" and cache.lookup(keys[s.name])}
+    run_estimate = RunEstimate(prepared, settings.stage_cache_dir, cached,
+                               "avx512f" in cpu_flags())
+    _say(run_estimate.before())
     with KeptEngines() as kept:
         for index, stage in enumerate(prepared.stages):
             started = time.monotonic()
@@ -412,12 +424,21 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
                 records[first] = StageRecord.read(results_dir / first)  # grown by adaptive looks
             progress.line(stage_summary(record, list(records.values()), prepared.policy,
                                         time.monotonic() - started, final=stage is candidate))
+            _say(run_estimate.after(index, record))
+    manifest.timings |= run_estimate.timings()
     baseline = prepared.stages[0].name
     if records[baseline].error is None:  # later stages may have scored more baseline items
         cache.store(keys[baseline], parts[baseline], results_dir / baseline)
     manifest.cache_keys = keys
     manifest.save(results_dir)
     return list(records.values())
+
+
+def _say(line: str | None) -> None:
+    """A line on the terminal (or the CI log) and in the Prefect run log alike."""
+    if line:
+        progress.line(line)
+        get_run_logger().info(line)
 
 
 def engines_to_keep(prepared: Prepared) -> dict[str, int]:
@@ -577,8 +598,9 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
                 workload_source=f"load profile {spec.load_profile}")
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
-        manifest.timings = {phase: round(seconds, 2) for phase, seconds in clock.items()}
+        manifest.timings |= {phase: round(seconds, 2) for phase, seconds in clock.items()}
         manifest.save(results_dir)
+        _say(predicted_against_actual(manifest.timings, clock["wall"]))
         tracker.log_verdict(verdict, verdict_path, report_dir)
         if registry_version:
             record_registry_verdict(settings, registry_version, verdict, report["html"],

@@ -52,20 +52,23 @@ def fail(message: str) -> None:
 
 
 def print_verdict(verdict) -> None:
-    table = Table(title=f"{verdict.candidate}: {verdict.decision.upper()}")
+    # Names, reasons and commands come from stored records: rich must print them, not read them.
+    table = Table(title=escape(f"{verdict.candidate}: {verdict.decision.upper()}"))
     for column in ("stage", "kind", "parent", "result", "failed checks"):
         table.add_column(column, overflow="fold")
     for stage in verdict.stages:
         # Reasons hold CIs such as "[x0.90, x1.03]", which rich would read as markup tags.
         failed = "\n".join(escape(f"{c.rule}: {c.reason}") for c in stage.failures) or "-"
         result = "[green]pass[/]" if stage.passed else "[red]fail[/]"
-        table.add_row(stage.stage, stage.kind, str(stage.parent), result, failed)
+        table.add_row(escape(stage.stage), escape(stage.kind), escape(str(stage.parent)), result,
+                      failed)
     console.print(table)
     for advisory in verdict.advisories:
         console.print(f"[yellow]not established:[/] {escape(advisory)}", soft_wrap=True)
     if verdict.decision == "rollback":
-        console.print(f"rollback to stage [bold]{verdict.accepted_stage}[/]:")
-        console.print(verdict.rollback_command or "(no stage was accepted)", soft_wrap=True)
+        console.print(f"rollback to stage [bold]{escape(str(verdict.accepted_stage))}[/]:")
+        console.print(escape(verdict.rollback_command or "(no stage was accepted)"),
+                      soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -323,8 +326,8 @@ def whatif(
     unknown = [name for name in gpus if name not in known]
     if unknown:
         fail(f"unknown GPU {unknown[0]!r}; known: {', '.join(known)}")
-    if rate is not None and rate <= 0:
-        fail(f"--rate must be above 0 req/s, got {rate:g}")
+    if rate is not None and not 0 < rate < float("inf"):  # nan compares false: refused too
+        fail(f"--rate must be a finite number above 0 req/s, got {rate:g}")
     if slo is not None and slo not in PRESETS:
         fail(f"unknown --slo {slo!r}; known: {', '.join(PRESETS)}")
     settings = SimSettings() if full else REPORT_SETTINGS
@@ -382,10 +385,12 @@ def compare(
 ) -> None:
     """Print candidates side by side from their MLflow runs (what the MLflow compare view shows)."""
     from flows.settings import load_settings
+    from flows.tracking import check_store
     from gates.compare import compare as compare_runs
 
     try:
         settings = load_settings()
+        check_store(settings.mlflow_tracking_uri)  # MLflow would create a missing sqlite store
         table_data = compare_runs(settings.mlflow_tracking_uri,
                                   experiment or settings.mlflow_experiment, candidates or None)
     except QuantgateError as err:
@@ -450,7 +455,7 @@ def submit(
     from flows.settings import load_settings
 
     try:
-        use_service(load_settings().state_dir)
+        use_service(load_settings().state_dir, probe=True)  # a stopped service: one line, no wait
         Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
@@ -467,7 +472,7 @@ def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.
 
     try:
         settings = load_settings()
-        address = use_service(settings.state_dir)
+        address = use_service(settings.state_dir, probe=True)
         rows = list_runs(address["mlflow_tracking_uri"], settings.mlflow_experiment, limit)
     except QuantgateError as err:
         fail(str(err))
@@ -480,16 +485,16 @@ def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.
     console.print(table)
 
 
-def _registry_client():
-    """The running service's registry, else the one the settings name."""
-    import mlflow
-
+def _registry_client(create: bool = False):
+    """The running service's registry, else the one the settings name; a store that is not there
+    is refused, not created, unless `create` (a command that writes to it)."""
     from flows.service import ServiceError, use_service
     from flows.settings import load_settings
+    from flows.tracking import open_client
 
     with contextlib.suppress(ServiceError):
         use_service(load_settings().state_dir)
-    return mlflow.MlflowClient(load_settings().mlflow_tracking_uri)  # use_service may set the URI
+    return open_client(load_settings().mlflow_tracking_uri, create)  # use_service may set the URI
 
 
 @app.command()
@@ -502,7 +507,8 @@ def register(
     stage: Annotated[str | None, typer.Option(help="The template stage the checkpoint fills.")] = None,
 ) -> None:
     """Register a checkpoint as a new version of MODEL: the watching service queues it."""
-    from flows.registry import register_checkpoint
+    from flows.registry import check_model_name, register_checkpoint
+    from infra.checkpoint import read_config
 
     tags = {}
     if spec is not None:
@@ -510,7 +516,10 @@ def register(
     if stage is not None:
         tags["quantgate.stage"] = stage
     try:
-        version = register_checkpoint(_registry_client(), model, checkpoint, tags=tags or None)
+        check_model_name(model)  # what is refused is refused before a store is opened (created)
+        read_config(checkpoint)
+        version = register_checkpoint(_registry_client(create=True), model, checkpoint,
+                                      tags=tags or None)
     except QuantgateError as err:
         fail(str(err))
     console.print(f"{model} version {version.version}: {escape(version.source)}", highlight=False)
@@ -519,9 +528,11 @@ def register(
 @app.command()
 def promote(model: str, version: str) -> None:
     """Make a model version the `champion` by hand (the old champion becomes `previous`)."""
+    from flows.registry import check_model_name
     from flows.registry import promote as move
 
     try:
+        check_model_name(model)
         console.print(escape(move(_registry_client(), model, version)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
@@ -530,9 +541,11 @@ def promote(model: str, version: str) -> None:
 @app.command()
 def rollback(model: str) -> None:
     """Give `champion` back to the `previous` version: the A/B switch in one move."""
+    from flows.registry import check_model_name
     from flows.registry import rollback as move_back
 
     try:
+        check_model_name(model)
         console.print(escape(move_back(_registry_client(), model)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
@@ -545,9 +558,11 @@ def load_ui(
     profile: Annotated[str, typer.Option(help="Load profile name or path.")] = "demo",
 ) -> None:
     """Open Locust's web UI against a running stage for a live look (Ctrl-C to stop)."""
+    from infra.external_engine import check_running
     from load.webui import open_webui
 
     try:
+        check_running(base_url, model)  # Locust would wait forever on a URL nothing answers
         open_webui(base_url, model, profile=profile)
     except QuantgateError as err:
         fail(str(err))

@@ -19,8 +19,10 @@ from pydantic import (
 )
 
 from evalsets.spec import EvalSetSpec, resolve_path
+from gates.record import CANDIDATE_NAME, STAGE_NAME
 from infra.errors import SpecError, did_you_mean
 from infra.secrets import redact, remember, split_api_key
+from infra.values import Seconds
 from infra.yamlfile import load_model
 
 STAGE_KINDS = ("weights", "activations", "kv_cache", "control", "structured_output")
@@ -110,8 +112,12 @@ def _check_url(url: str) -> str:
     return url
 
 
+# The longest context a served model declares today is 10M tokens; beyond 2^24 a typo.
+MAX_CONTEXT_TOKENS = 2**24
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class EngineFlags(Strict):
@@ -134,14 +140,15 @@ class VllmEngineSpec(Strict):
     host: str = Field(default="127.0.0.1", description="Address the server binds.")
     port: int | None = Field(default=None, ge=1, le=65535,
                              description="Port the server binds; default: a free one per engine.")
-    startup_timeout_s: float = Field(default=900, gt=0, description="Deadline for /health.")
+    startup_timeout_s: Seconds = Field(default=900, gt=0, description="Deadline for /health.")
     kv_cache_space_gib: float = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE (CPU).")
     omp_threads_bind: str | None = Field(
         default=None, description="VLLM_CPU_OMP_THREADS_BIND; default: all cores."
     )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="CUDA only.")
     enforce_eager: bool = Field(default=False, description="Skip compile: faster start, slower decode.")
-    max_model_len: int | None = Field(default=4096, ge=16, description="--max-model-len.")
+    max_model_len: int | None = Field(default=4096, ge=16, le=MAX_CONTEXT_TOKENS,
+                                      description="--max-model-len.")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         default="bfloat16", description="--dtype for unquantized tensors.")
     extra_args: list[str] = Field(
@@ -149,6 +156,23 @@ class VllmEngineSpec(Strict):
         description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
 
     check_extra_args = field_validator("extra_args")(_check_extra_args)
+
+    @model_validator(mode="after")
+    def _kv_cache_fits_memory(self) -> VllmEngineSpec:
+        memory = _memory_gib()
+        if self.device == "cpu" and memory is not None and self.kv_cache_space_gib > memory:
+            raise ValueError(f"kv_cache_space_gib {self.kv_cache_space_gib:g} is more than this "
+                             f"machine's memory ({memory:.1f} GiB); give at most that, less the "
+                             "weights")
+        return self
+
+
+def _memory_gib() -> float | None:
+    """This machine's physical memory, where the OS says (a CPU engine's KV cache lives in it)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class ExternalEngineSpec(Strict):
@@ -199,7 +223,7 @@ class BaselineSpec(Strict):
 
 
 class StageSpec(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Unique stage name.")
+    name: str = Field(pattern=f"^{STAGE_NAME}$", description="Unique stage name.")
     kind: Literal["weights", "activations", "kv_cache", "control", "structured_output"] = Field(
         description="The one axis this stage changes; checked against what is served. 'control' "
         "serves the parent's exact configuration again (no checkpoint, no flags): it must go, "
@@ -218,7 +242,7 @@ class StageSpec(Strict):
 class Spec(Strict):
     """One candidate's acceptance run."""
 
-    candidate: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Candidate name.")
+    candidate: str = Field(pattern=f"^{CANDIDATE_NAME}$", description="Candidate name.")
     baseline: BaselineSpec
     engine: EngineSpec = Field(default_factory=VllmEngineSpec)
     stages: list[StageSpec] = Field(min_length=1)
@@ -259,20 +283,48 @@ class Spec(Strict):
                 if name not in seen:  # it would fall back to `url`: the baseline's own server
                     raise ValueError(f"engine.stage_urls: {name!r} is not a stage; "
                                      f"{did_you_mean(name, tuple(seen))}")
+            from infra.external_engine import same_server
+
             url = {name: self.engine.stage_urls.get(name, self.engine.url).rstrip("/")
                    for name in seen}
             for stage in self.stages:
-                if stage.kind not in SAME_SERVING_KINDS and url[stage.name] == url[stage.parent]:
+                # http://localhost:9001 and http://127.0.0.1:9001/ are one server, too.
+                if stage.kind not in SAME_SERVING_KINDS and same_server(url[stage.name],
+                                                                        url[stage.parent]):
+                    also = ("" if url[stage.name] == url[stage.parent]
+                            else f", which {url[stage.parent]} also reaches")
                     raise ValueError(
                         f"engine.stage_urls: stage {stage.name!r} would be served by its parent "
-                        f"{stage.parent!r}'s own server ({url[stage.name]}) and compared with "
-                        f"itself; give {stage.name!r} its own URL in stage_urls")
+                        f"{stage.parent!r}'s own server ({url[stage.name]}{also}) and compared "
+                        f"with itself; give {stage.name!r} its own URL in stage_urls")
         sets = [evalset.name for evalset in self.evalsets]
         twice = sorted({name for name in sets if sets.count(name) > 1})
         if twice:
             raise ValueError(f"evalsets: {', '.join(map(repr, twice))} listed twice; list each "
                              "eval set once (the second would overwrite the first's results)")
+        _check_distinct_sets(self.evalsets)
         return self
+
+
+def _check_distinct_sets(sets: list[EvalSetSpec]) -> None:
+    """Two sets must differ in more than case (their result folders collide on a case-blind
+    disk, their MLflow metrics in a reader's eye) and in their data: the same file or folder
+    under two names would count its items twice in the pooled accuracy test."""
+    seen_names: dict[str, str] = {}
+    seen_data: dict[tuple[int, int], str] = {}
+    for evalset in sets:
+        folded = evalset.name.casefold()
+        if folded in seen_names and seen_names[folded] != evalset.name:
+            raise ValueError(f"evalsets: {seen_names[folded]!r} and {evalset.name!r} differ only "
+                             "in case; give them names that differ in letters")
+        seen_names[folded] = evalset.name
+        data = (evalset.path or evalset.info.folder).resolve()
+        identity = (data.stat().st_dev, data.stat().st_ino)  # a symlink or hard link is the same
+        if identity in seen_data:
+            raise ValueError(f"evalsets: {seen_data[identity]!r} and {evalset.name!r} are the same "
+                             f"data ({data}); its items would count twice in the pooled test, "
+                             "list it once")
+        seen_data[identity] = evalset.name
 
 
 def engine_api_key(engine: VllmEngineSpec | ExternalEngineSpec) -> str | None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from infra.errors import SpecError
+from infra.errors import SpecError, did_you_mean
+from infra.values import MAX_RESAMPLES, at_most
 from infra.yamlfile import load_model
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
@@ -18,8 +19,17 @@ Precision = Literal["8bit", "4bit"]
 _BITS = re.compile(r"(?:u?int|float|fp)(\d+)")
 
 
+LATENCY_LEVELS = ("low", "high")  # the two levels of every load profile (LoadProfile.levels)
+# A relative increase above this (x11) lets every regression through: it switches the rule off.
+MAX_RELATIVE_INCREASE = 10
+RelativeIncrease = Annotated[float, at_most(
+    MAX_RELATIVE_INCREASE, "", "a larger allowance (over x11) lets every regression through, "
+    "which switches the rule off unseen")]
+
+
 class Rules(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A limit of .inf or .nan switches its rule off unseen; a rule is relaxed by saying so.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Tolerance(Rules):
@@ -29,7 +39,7 @@ class Tolerance(Rules):
         gt=0, lt=1, description="Non-inferiority margin: accuracy points a stage may lose vs the "
         "baseline (0.08 = 8 points), pooled over the sets."
     )
-    max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats.")
+    max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats (finite).")
     min_top1: float = Field(gt=0, le=1, description="Share of tokens with the same top-1 token.")
 
 
@@ -43,7 +53,9 @@ class QualityRules(Rules):
     planning_discordance: float = Field(
         0.10, gt=0, le=1, description="Share of items expected to flip, for the power check."
     )
-    min_items: int = Field(20, ge=1, description="Fewer paired items fail closed.")
+    min_items: int = Field(
+        20, ge=1, le=100_000, description="Fewer paired items fail closed (validate refuses a "
+        "spec whose sets cannot reach it: flows/acceptance.py Prepared, check_min_items).")
     max_looks: int = Field(
         3, ge=1, le=10, description="Looks of the sequential accuracy test: the first, then one per "
         "batch of extra items scored while it is inconclusive; alpha is split over them."
@@ -64,8 +76,12 @@ class QualityRules(Rules):
         False, description="Groups are judged (and block when unresolved) for every stage, not "
         "only for stages that serve a quantized KV cache."
     )
-    bootstrap_resamples: int = Field(2000, ge=200, description="Paired bootstrap resamples.")
-    seed: int = Field(20240917, description="Bootstrap seed: the same records give the same verdict.")
+    bootstrap_resamples: Annotated[int, at_most(
+        MAX_RESAMPLES, "", "the Monte Carlo error is already far below any margin, and each "
+        "resample holds a copy of the per-token values in memory")] = Field(
+        2000, ge=200, description="Paired bootstrap resamples.")
+    seed: int = Field(20240917, ge=0, description="Bootstrap seed (numpy takes no negative one): "
+                      "the same records give the same verdict.")
 
 
 class DivergenceRules(Rules):
@@ -83,22 +99,24 @@ class DivergenceRules(Rules):
 
 
 class PerplexityRules(Rules):
-    max_increase_vs_parent: float = Field(0.05, ge=0, description="Relative increase allowed.")
-    max_increase_vs_baseline: float = Field(0.10, ge=0, description="Relative increase allowed.")
+    max_increase_vs_parent: RelativeIncrease = Field(
+        0.05, ge=0, description="Relative increase allowed.")
+    max_increase_vs_baseline: RelativeIncrease = Field(
+        0.10, ge=0, description="Relative increase allowed.")
 
 
 class LatencyRules(Rules):
-    level: str = Field("low", description="Which load level judges latency.")
-    max_tpot_p50_increase: float = Field(
+    level: Literal["low", "high"] = Field("low", description="Which load level judges latency.")
+    max_tpot_p50_increase: RelativeIncrease = Field(
         0.25, ge=0, description="Relative, vs the reference (parent, or nearest served ancestor)."
     )
-    max_ttft_p50_increase: float = Field(
+    max_ttft_p50_increase: RelativeIncrease = Field(
         0.50, ge=0, description="Relative, vs the reference (parent, or nearest served ancestor)."
     )
-    max_tpot_p50_increase_vs_baseline: float = Field(
+    max_tpot_p50_increase_vs_baseline: RelativeIncrease = Field(
         0.25, ge=0, description="Relative, summed over the chain of timed steps to the baseline."
     )
-    max_ttft_p50_increase_vs_baseline: float = Field(
+    max_ttft_p50_increase_vs_baseline: RelativeIncrease = Field(
         0.50, ge=0, description="Relative, summed over the chain of timed steps to the baseline."
     )
     required: bool = Field(
@@ -109,6 +127,18 @@ class LatencyRules(Rules):
         "unresolved gets more interleaved rounds at the judged level: it is judged at 3, 6, 12, "
         "... rounds up to this many, alpha split over those looks."
     )
+    max_other_cpu_share: float = Field(
+        0.10, gt=0, le=1, description="A timed stage whose rounds saw processes outside the run "
+        "take more of the box's CPU than this (infra.contention) is contended: its latency is "
+        "inconclusive, neither a pass nor a fail."
+    )
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _known_level(cls, value: object) -> object:
+        if value not in LATENCY_LEVELS:
+            raise ValueError(f"level {value!r}: {did_you_mean(str(value), LATENCY_LEVELS)}")
+        return value
 
 
 class LoadRules(Rules):
@@ -162,6 +192,17 @@ class GatePolicy(Rules):
     def reachable(self, items: int, pool: int) -> int:
         """Items a set of `items` can grow to by the last look, within its `pool`."""
         return min(pool, math.ceil(items * self.quality.growth ** (self.quality.max_looks - 1)))
+
+    def check_min_items(self, pools: dict[str, int], source: str) -> None:
+        """Refuse a policy whose quality.min_items is more than an eval set holds: that set would
+        fail closed at every stage (its sizes are known only with the spec, at validate)."""
+        short = {name: pool for name, pool in pools.items() if pool < self.quality.min_items}
+        if short:
+            sets = ", ".join(f"{name!r} ({pool} items)" for name, pool in sorted(short.items()))
+            raise SpecError(
+                f"gate policy {source}: quality.min_items ({self.quality.min_items}) is more than "
+                f"eval set {sets} holds: every stage would fail closed on it; lower "
+                "quality.min_items or use larger sets")
 
     def tolerance(self, precision: Precision) -> Tolerance:
         if precision not in self.tolerances:

@@ -24,6 +24,8 @@ class EngineFacts(BaseModel):
     weight_bytes: int | None = Field(default=None, description="Checkpoint size on disk.")
     max_model_len: int | None = None
     startup_s: float | None = Field(default=None, description="Seconds from launch to healthy.")
+    pid: int | None = Field(default=None, description="The engine's process, when this run "
+                            "started it (its CPU is the run's own, not contention).")
 
     def command_line(self) -> str:
         """The command as one shell line, environment first, ready to paste."""

@@ -114,6 +114,7 @@ class VllmEngine(Engine):
         self._wait_healthy(started)
         facts = self._facts(*build_command(self.spec, self.checkpoint, self.flags))
         facts.startup_s = round(time.monotonic() - started, 1)
+        facts.pid = self.process.pid if self.process is not None else None
         return facts
 
     def _wait_healthy(self, started: float) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.contention import others_share, sample
 from infra.cores import CorePlan
 from load.profile import LoadProfile
 from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, Side
@@ -21,6 +22,7 @@ class Server:
     base_url: str
     model: str
     request_body: dict | None = None  # fields every request adds (structured_output stage)
+    local: bool = False  # started by this process: its CPU is ours, not contention
 
 
 def round_order(index: int) -> tuple[Side, Side]:
@@ -82,6 +84,7 @@ def run_paired_load(
         index = 0
         while index < profile.rounds or (more_rounds is not None and more_rounds(paired, level)):
             measured: dict[Side, list[LoadSample]] = {}
+            before = sample()
             for side in round_order(index):
                 server = servers[side]
                 samples = run_level(server.base_url, server.model, one_side, level, users,
@@ -91,8 +94,11 @@ def run_paired_load(
                 check_equal_work(measured[side], profile.output_tokens, f"{level} ({side})")
                 if side == "stage":
                     windows.append(window_s)
+            # Both engines are this run's own: what the rest of the box took is contention.
+            share = others_share(before, sample()) if stage.local and reference.local else None
             rounds.append(PairedRound(index=index, first=round_order(index)[0],
-                                      reference=measured["reference"], stage=measured["stage"]))
+                                      reference=measured["reference"], stage=measured["stage"],
+                                      others_cpu_share=share))
             paired.rounds[level] = rounds
             index += 1
         pooled, each = pool_repeats([r.stage for r in rounds], windows, level, users, profile.slo)

@@ -211,6 +211,10 @@ class PairedRound(BaseModel):
     first: Side = Field(description="Which side ran first; alternates by round (A B, B A, A B...).")
     reference: list[LoadSample] = Field(default_factory=list, description="Measured samples.")
     stage: list[LoadSample] = Field(default_factory=list, description="Measured samples.")
+    others_cpu_share: float | None = Field(
+        default=None, ge=0, le=1, description="Share of the box's CPU that processes outside "
+        "this run took during the round (infra.contention); None: not sampled (an engine not "
+        "started by this run, or a record from before).")
 
     def log_ratio(self, metric: Metric) -> float | None:
         """log(median stage / median reference); None when either side has no usable request."""
@@ -233,6 +237,12 @@ class PairedLoad(BaseModel):
     rounds: dict[str, list[PairedRound]] = Field(
         default_factory=dict, description="Per level, the rounds in the order they ran."
     )
+
+    def others_cpu_share(self, level: str) -> float | None:
+        """The most CPU other processes took in any round of the level; None: not sampled."""
+        shares = [r.others_cpu_share for r in self.rounds.get(level, [])
+                  if r.others_cpu_share is not None]
+        return max(shares) if shares else None
 
     def log_ratios(self, level: str, metric: Metric) -> list[float]:
         """Per usable round: log(median stage / median reference)."""

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from infra.cpu_support import cpu_flags
+from tests.flows.checkpoints import safetensors_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
@@ -202,6 +203,11 @@ def test_each_stage_says_where_its_time_went(tree):
     runs = list((folder / "runs").glob("e2e-*"))
     manifest = json.loads((runs[0] / "manifest.json").read_text())
     assert {"wall", "stages", "gating", "reporting"} <= set(manifest["timings"])
+    # A whole-run estimate before the first engine, after each stage, and against the actual.
+    assert re.search(r"estimate: the run should take .+ for 4 stages", out), out[-3000:]
+    assert re.search(r"estimate: \d+ (s|min) so far, the rest should take .+ for 3 stages", out)
+    assert re.search(r"estimate: the run took \d+ (s|min); predicted before ", out)
+    assert manifest["timings"]["predicted_before_low_s"] > 0
 
 
 def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
@@ -275,7 +281,10 @@ def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree,
     broken = tmp_path / "broken"
     shutil.copytree(MODELS / "smollm2-135m-w8a16-dequant", broken,
                     ignore=shutil.ignore_patterns("*.safetensors"))
-    (broken / "model.safetensors").write_bytes(b"\0" * 4096)
+    # A whole safetensors file (validate reads its header and lets it through) whose one tensor
+    # is not the model's: only vLLM, loading it, finds out.
+    (broken / "model.safetensors").write_bytes(
+        safetensors_bytes({"model.embed_tokens.weight": ("BF16", [4, 8])}))
     spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights", "checkpoint": str(broken)}],
                       free_port())
     result = quantgate("run", str(spec), cwd=tmp_path, prefect_api=prefect_api)

@@ -146,7 +146,8 @@ def test_only_the_stage_side_of_paired_rounds_adds_the_fields(tmp_path, monkeypa
     monkeypatch.setattr(acceptance, "run_paired_load",
                         lambda stage, reference, *args, **kwargs: seen.update(
                             stage=stage, reference=reference) or (None, None))
-    facts = type("Facts", (), {"base_url": "http://s", "model": "m", "command_line": lambda s: ""})
+    facts = type("Facts", (), {"base_url": "http://s", "model": "m", "command_line": lambda s: "",
+                           "pid": None})
     body = {"response_format": {"type": "json_schema"}}
     acceptance.measure_paired_load.fn(facts(), facts(), plan(load_spec(structured_spec(tmp_path)))[1],
                                       LOAD, tmp_path, None, body)

@@ -204,3 +204,38 @@ def test_zero_requests_and_a_zero_limit_fail_closed():
     stage.load.summaries = {"low": summary.model_copy(update={
         "requests": 100, "errors": 1, "error_rate": 0.01})}
     assert not error_rate_checks(stage, strict)[0].passed
+
+
+def _contended(load, share: float):
+    for rounds in load.rounds.values():
+        for r in rounds:
+            r.others_cpu_share = 0.02
+        rounds[1].others_cpu_share = share
+    return load
+
+
+def test_timing_on_a_contended_box_is_neither_a_pass_nor_a_fail():
+    base = record("baseline", None, BASE)
+    fine, slow = timed("w", "baseline", 1.0, seed=1), timed("w", "baseline", 1.6, seed=1)
+    assert latency(fine, base, base)["latency.low.tpot_p50_ms"].status == "pass"
+    assert latency(slow, base, base)["latency.low.tpot_p50_ms"].status == "fail"
+    for stage in (fine, slow):
+        _contended(stage.paired_load, 0.34)
+        check = latency(stage, base, base)["latency.low.tpot_p50_ms"]
+        assert check.status == "inconclusive" and check.passed == (not POLICY.latency.required)
+        assert "contended: processes outside the run took 34% of the box's CPU" in check.reason
+        assert check.details["others_cpu_share"] == pytest.approx(0.34)
+    # Below the policy's share, the rounds are judged as they read.
+    _contended(fine.paired_load, 0.08)
+    assert latency(fine, base, base)["latency.low.tpot_p50_ms"].status == "pass"
+
+
+def test_a_contended_ancestor_leaves_the_chain_unsummed():
+    base = record("baseline", None, BASE)
+    w = timed("w", "baseline", 1.1, seed=2)
+    a = timed("a", "w", 1.1, seed=3)
+    _contended(w.paired_load, 0.5)
+    found = latency(a, w, base, records={"w": w, "baseline": base, "a": a})
+    cumulative = found["latency.low.tpot_p50_ms.baseline"]
+    assert cumulative.status == "inconclusive" and "contended" in cumulative.reason
+    assert "contended" not in found["latency.low.tpot_p50_ms"].reason  # its own rounds were not

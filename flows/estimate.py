@@ -1,0 +1,219 @@
+"""The run's predicted wall time: from the spec and the box's speed before the first engine
+starts, again after each stage from what the run has measured, and predicted against actual at
+the end.
+
+A stage's time is its engine start-up, its sets (items x seconds per item, per set), the scoring
+corpus, and its load (a timed stage runs every round against its reference too: twice the
+baseline's). The low end has every set decided at its first look; the high end grows every set
+to its last look (on the stage and on the baseline's kept engine) and, with latency required,
+every level to `latency.max_rounds`. The box's speed is, in order: the baseline this run measured;
+the newest stage record in this host's stage cache (a run measured here before); else the
+per-item figures FACTS.md gives for this CPU class (2 cores, the demo model).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gates.record import StageRecord
+
+if TYPE_CHECKING:
+    from flows.acceptance import Prepared
+
+# Seconds on a quiet 2-core AVX-512 box (the demo model, the e2e runs): start-up, per item per
+# built-in set, the scoring corpus, both load levels. AVX2 (FACTS.md: math 60 items 234 s, long
+# context 40 items 496 s, corpus 365 s, start-up 78-103 s, float32) is about four times slower.
+AVX512_PRIOR = {"startup": 30.0, "math": 0.8, "business": 0.45, "code": 0.45,
+                "long_context": 3.1, "conversation": 0.8, "scoring": 30.0, "load": 45.0}
+AVX2_FACTOR = 4.0
+
+
+@dataclass
+class Speed:
+    """Seconds: engine start-up, per item of each set, the scoring corpus, one unpaired load."""
+
+    startup_s: float
+    per_item_s: dict[str, float]
+    scoring_s: float
+    load_s: float
+    source: str
+
+    def item_s(self, name: str) -> float:
+        """A set never measured (a user's) takes the mean of the others per item."""
+        if name in self.per_item_s:
+            return self.per_item_s[name]
+        known = list(self.per_item_s.values())
+        return sum(known) / len(known) if known else AVX512_PRIOR["math"]
+
+
+def prior_speed(avx512: bool) -> Speed:
+    scale = 1.0 if avx512 else AVX2_FACTOR
+    rates = {k: v * scale for k, v in AVX512_PRIOR.items()}
+    return Speed(rates.pop("startup"), {k: v for k, v in rates.items()
+                                        if k not in ("scoring", "load")},
+                 rates["scoring"], rates["load"],
+                 f"the {'AVX-512' if avx512 else 'AVX2'} figures of FACTS.md (no run measured here)")
+
+
+def measured_speed(record: StageRecord, first_items: dict[str, int], source: str) -> Speed | None:
+    """The speed a measured stage (no error, with timings) showed; None when it shows none."""
+    timings = record.timings
+    if record.error or timings is None or not timings.sets:
+        return None
+    rates = {name: t.seconds / first_items.get(name, t.items)
+             for name, t in timings.sets.items() if t.seconds and (first_items.get(name) or t.items)}
+    return Speed(timings.startup_s or AVX512_PRIOR["startup"], rates, timings.scoring_s or 0.0,
+                 timings.load_s or 0.0, source)
+
+
+def cached_speed(cache_dir: Path) -> Speed | None:
+    """The newest stage record with timings in this host's stage cache: the box measured before."""
+    records = sorted(cache_dir.glob("*/stage.json"), key=lambda p: p.stat().st_mtime,
+                     reverse=True) if cache_dir.is_dir() else []
+    for path in records[:20]:
+        try:
+            record = StageRecord.read(path.parent)
+            spec_items = {name: t.items for name, t in (record.timings.sets if record.timings
+                                                         else {}).items()}
+        except Exception:  # noqa: BLE001 - an unreadable cache entry is no evidence
+            continue
+        speed = measured_speed(record, spec_items, f"stage {record.name} measured on this host "
+                               f"before ({time.strftime('%Y-%m-%d', time.localtime(path.stat().st_mtime))})")
+        if speed is not None:
+            return speed
+    return None
+
+
+@dataclass
+class StageWork:
+    """What one stage will do: items per set at the first and last look, timed or not."""
+
+    name: str
+    first_items: dict[str, int]
+    last_items: dict[str, int]
+    timed: bool
+    loaded: bool
+    cached: bool = False
+    extra_startup: bool = False  # the reference engine is started beside it (not kept)
+    grows_baseline: bool = False  # its extra items are scored on the baseline too
+
+
+@dataclass
+class Estimate:
+    low_s: float
+    high_s: float
+    source: str
+    stages: int
+    per_stage: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def line(self, what: str) -> str:
+        span = (f"~{_minutes(self.low_s)}" if self.high_s - self.low_s < 60 else
+                f"{_minutes(self.low_s)} to {_minutes(self.high_s)}")
+        return (f"estimate: {what} {span} for {self.stages} stage{'s' * (self.stages != 1)} "
+                f"(high end: every set grown to its last look); speed from {self.source}")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def stage_seconds(work: StageWork, speed: Speed, rounds_factor: float) -> tuple[float, float]:
+    if work.cached:
+        return 0.0, 0.0
+    startup = speed.startup_s * (2 if work.extra_startup else 1)
+    first = sum(n * speed.item_s(name) for name, n in work.first_items.items())
+    grown = sum((work.last_items[name] - n) * speed.item_s(name)
+                for name, n in work.first_items.items())
+    load = 0.0
+    if work.loaded:
+        load = speed.load_s * (2 if work.timed else 1)
+    low = startup + first + speed.scoring_s + load
+    # More items are scored on the stage and on the baseline; more rounds only when required.
+    more_load = load * (rounds_factor - 1) if work.timed else 0.0
+    return low, low + grown * (2 if work.grows_baseline else 1) + more_load
+
+
+def estimate(works: list[StageWork], speed: Speed, rounds_factor: float) -> Estimate:
+    per_stage = {w.name: stage_seconds(w, speed, rounds_factor) for w in works}
+    low = sum(lo for lo, _ in per_stage.values())
+    high = sum(hi for _, hi in per_stage.values())
+    return Estimate(low, high, speed.source, len(works), per_stage)
+
+
+
+
+def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
+    """Each planned stage's work, from the spec, its sets' pools and the policy's looks."""
+    from flows.acceptance import engines_to_keep, timed_against
+
+    policy, pools = prepared.policy, prepared.pools
+    first = {s.name: min(s.limit or pools.get(s.name, 0), pools.get(s.name, 0))
+             for s in prepared.spec.evalsets}
+    kept = engines_to_keep(prepared)
+    works = []
+    for index, stage in enumerate(prepared.stages):
+        reference = timed_against(stage, prepared)
+        grows = index > 0 and stage.kind != "control"
+        last = {name: policy.reachable(n, pools.get(name, n)) if grows else n
+                for name, n in first.items()}
+        works.append(StageWork(
+            stage.name, first, last, timed=reference is not None,
+            loaded=not stage.axes.emulated, cached=stage.name in cached,
+            extra_startup=reference is not None and reference.name not in kept,
+            grows_baseline=grows))
+    return works
+
+
+class RunEstimate:
+    """The lines a run prints on its expected wall time, and what it predicted, for the manifest."""
+
+    def __init__(self, prepared: Prepared, cache_dir: Path, cached: set[str],
+                 avx512: bool) -> None:
+        self.works = stage_works(prepared, cached)
+        self.first_items = self.works[0].first_items if self.works else {}
+        self.rounds_factor = (prepared.policy.latency.max_rounds / max(1, prepared.profile.rounds)
+                              if prepared.policy.latency.required else 1.0)
+        self.speed = cached_speed(cache_dir) or prior_speed(avx512)
+        self.started = time.monotonic()
+        self.predicted: dict[str, tuple[float, float]] = {}
+
+    def before(self) -> str:
+        whole = estimate(self.works, self.speed, self.rounds_factor)
+        self.predicted["before"] = (whole.low_s, whole.high_s)
+        return whole.line("the run should take")
+
+    def after(self, index: int, record: StageRecord) -> str | None:
+        """Once a stage is done: the rest, by the baseline's measured speed when it has one."""
+        if index == 0:
+            measured = measured_speed(record, self.first_items,
+                                      "the baseline as measured in this run")
+            if measured is not None:
+                self.speed = measured
+        rest = self.works[index + 1:]
+        if not rest:
+            return None
+        left = estimate(rest, self.speed, self.rounds_factor)
+        elapsed = time.monotonic() - self.started
+        if index == 0:
+            self.predicted["after_baseline"] = (elapsed + left.low_s, elapsed + left.high_s)
+        return left.line(f"{_minutes(elapsed)} so far, the rest should take")
+
+    def timings(self) -> dict[str, float]:
+        return {f"predicted_{when}_{end}_s": round(value, 1)
+                for when, pair in self.predicted.items()
+                for end, value in zip(("low", "high"), pair, strict=True)}
+
+
+def predicted_against_actual(timings: dict[str, float], wall_s: float) -> str | None:
+    """The run's wall time beside what it predicted (the manifest's predicted_* timings)."""
+    said = []
+    for when in ("before", "after_baseline"):
+        low, high = timings.get(f"predicted_{when}_low_s"), timings.get(f"predicted_{when}_high_s")
+        if low is None or high is None:
+            continue
+        off = "" if low * 0.8 <= wall_s <= high * 1.2 else " (off by more than 20 %)"
+        said.append(f"{when.replace('_', ' ')} {_minutes(low)} to {_minutes(high)}{off}")
+    return f"estimate: the run took {_minutes(wall_s)}; predicted {', '.join(said)}" if said else None

@@ -1,0 +1,76 @@
+"""The run's wall-time estimate: from a prior, then from the box's measured speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.estimate import (
+    StageWork,
+    cached_speed,
+    estimate,
+    measured_speed,
+    predicted_against_actual,
+    prior_speed,
+)
+from gates.record import SetTiming, StageTimings
+from tests.gates.records import record
+
+
+def _works(cached: bool = False) -> list[StageWork]:
+    first = {"math": 100, "code": 20}
+    last = {"math": 400, "code": 80}
+    return [StageWork("baseline", first, first, timed=False, loaded=True),
+            StageWork("w8", first, last, timed=True, loaded=True, cached=cached,
+                      grows_baseline=True)]
+
+
+def test_avx2_is_predicted_slower_and_growth_widens_the_range():
+    fast, slow = prior_speed(avx512=True), prior_speed(avx512=False)
+    on_fast, on_slow = estimate(_works(), fast, 1.0), estimate(_works(), slow, 1.0)
+    assert on_slow.low_s == pytest.approx(4 * on_fast.low_s)
+    assert on_fast.high_s > on_fast.low_s
+    # The baseline never grows: its range is a point.
+    low, high = on_fast.per_stage["baseline"]
+    assert low == high == pytest.approx(30 + 100 * 0.8 + 20 * 0.45 + 30 + 45)
+    assert "AVX-512" in on_fast.line("the run should take")
+
+
+def test_a_cached_stage_costs_nothing_and_required_latency_widens_the_timed_load():
+    speed = prior_speed(avx512=True)
+    assert estimate(_works(cached=True), speed, 1.0).per_stage["w8"] == (0.0, 0.0)
+    plain, required = estimate(_works(), speed, 1.0), estimate(_works(), speed, 16.0)
+    assert required.low_s == plain.low_s and required.high_s > plain.high_s
+
+
+def _timed(name: str = "baseline"):
+    stage = record(name, None, [1.0] * 10)
+    stage.timings = StageTimings(wall_s=200, startup_s=40, scoring_s=20, load_s=60,
+                                 sets={"math": SetTiming(items=100, output_tokens=5000,
+                                                         seconds=50)})
+    return stage
+
+
+def test_the_measured_baseline_gives_the_rest_its_speed():
+    speed = measured_speed(_timed(), {"math": 100}, "the baseline")
+    assert speed.per_item_s == {"math": 0.5} and speed.startup_s == 40
+    assert speed.item_s("orders") == 0.5  # a set not measured takes the others' mean
+    failed = _timed()
+    failed.error = "engine exited"
+    assert measured_speed(failed, {"math": 100}, "x") is None
+
+
+def test_the_stage_cache_holds_the_speed_this_box_showed_before(tmp_path):
+    assert cached_speed(tmp_path) is None
+    _timed().save(tmp_path / "abc123")
+    speed = cached_speed(tmp_path)
+    assert speed is not None and speed.per_item_s == {"math": 0.5}
+    assert "measured on this host before" in speed.source
+
+
+def test_predicted_against_actual_says_when_it_was_off():
+    timings = {"predicted_before_low_s": 600, "predicted_before_high_s": 900,
+               "predicted_after_baseline_low_s": 1500, "predicted_after_baseline_high_s": 1800}
+    line = predicted_against_actual(timings, 1600)
+    assert line.startswith("estimate: the run took 27 min; predicted before 10 min to 15 min "
+                           "(off by more than 20 %), after baseline 25 min to 30 min")
+    assert predicted_against_actual({}, 10) is None
