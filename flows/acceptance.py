@@ -435,10 +435,9 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
 
 
 def _say(line: str | None) -> None:
-    """A line on the terminal (or the CI log) and in the Prefect run log alike."""
+    """A line in the Prefect run log, which also prints it (on a terminal, in CI's log)."""
     if line:
         progress.line(line)
-        get_run_logger().info(line)
 
 
 def engines_to_keep(prepared: Prepared) -> dict[str, int]:
