@@ -109,6 +109,10 @@ class EvalSetSpec(BaseModel):
 
     resolve = field_validator("path")(resolve_path)
 
+    def first_look(self, pool: int) -> int:
+        """Items scored at the first look, of a set holding `pool`: its limit, within the pool."""
+        return min(self.limit or pool, pool)
+
     @model_validator(mode="after")
     def _known(self) -> EvalSetSpec:
         sets = registry()

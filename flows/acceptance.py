@@ -105,7 +105,7 @@ class Prepared:
 def check_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
                 policy: GatePolicy) -> list[PowerPlan]:
     """Refuse a spec whose sets cannot give the pooled accuracy test the policy's power."""
-    sizes = {s.name: min(s.limit or pools[s.name], pools[s.name]) for s in spec.evalsets}
+    sizes = {s.name: s.first_look(pools[s.name]) for s in spec.evalsets}
     classes = sorted({precision_class(s.axes.model_dump(exclude={"emulated"}))
                       for s in stages if s.parent is not None})
     plans = [plan_power(sizes, pools, precision, policy) for precision in classes]

@@ -281,15 +281,6 @@ def _gpu_workload(found, origin: str, named_profile: bool, slo: str | None):
             f"SLO preset {preset} ({chosen.source}; {why}), {where}")
 
 
-def _rate(value) -> str:
-    """A request rate as a reader writes it: 14,720 req/s, 38.2 req/s, 0.412 req/s."""
-    import pandas as pd
-
-    if value is None or pd.isna(value):
-        return "-"
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
 @app.command()
 def whatif(
     source: Annotated[Path, typer.Argument(help="A spec (YAML) or a results folder.")],
@@ -318,7 +309,7 @@ def whatif(
     from gates.whatif import whatif_table
     from gates.whatif.hardware import load_devices
     from gates.whatif.search import SimSettings
-    from gates.whatif.section import DEFAULT_GPUS, REPORT_SETTINGS, describe_workload
+    from gates.whatif.section import DEFAULT_GPUS, REPORT_SETTINGS, describe_workload, rate_text
     from load.gpu_slos import PRESETS
 
     known = load_devices()
@@ -361,7 +352,7 @@ def whatif(
     for row in rows.to_dict("records"):
         cells = [row["stage"] + (" (emulated: real format)" if row["emulated"] else ""), row["gpu"],
                  number(row["ttft_ms"]), number(row["tpot_ms"]),
-                 _rate(row["capacity_rps"]),
+                 "-" if pd.isna(row["capacity_rps"]) else rate_text(row["capacity_rps"]),
                  f"{number(row['ttft_p99_ms'])} / {number(row['tpot_p99_ms'])}"]
         if rate is not None:
             cells.append(f"{number(row['rate_ttft_p99_ms'])} / {number(row['rate_tpot_p99_ms'])}, "

@@ -76,11 +76,9 @@ def cached_speed(cache_dir: Path) -> Speed | None:
     for path in records[:20]:
         try:
             record = StageRecord.read(path.parent)
-            spec_items = {name: t.items for name, t in (record.timings.sets if record.timings
-                                                         else {}).items()}
         except Exception:  # noqa: BLE001 - an unreadable cache entry is no evidence
             continue
-        speed = measured_speed(record, spec_items, f"stage {record.name} measured on this host "
+        speed = measured_speed(record, {}, f"stage {record.name} measured on this host "
                                f"before ({time.strftime('%Y-%m-%d', time.localtime(path.stat().st_mtime))})")
         if speed is not None:
             return speed
@@ -150,8 +148,7 @@ def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
     from flows.acceptance import engines_to_keep, timed_against
 
     policy, pools = prepared.policy, prepared.pools
-    first = {s.name: min(s.limit or pools.get(s.name, 0), pools.get(s.name, 0))
-             for s in prepared.spec.evalsets}
+    first = {s.name: s.first_look(pools.get(s.name, 0)) for s in prepared.spec.evalsets}
     kept = engines_to_keep(prepared)
     works = []
     for index, stage in enumerate(prepared.stages):

@@ -46,7 +46,7 @@ def set_shapes(spec: Spec, pools: dict[str, int]) -> tuple[SetShape, ...]:
         budget = evalset.max_gen_toks or 256
         # Answers planned to fit their budget (about 1 in 70 cut): a set whose answers do not
         # fit is a problem of the set, which the length rules name once it runs.
-        shapes.append(SetShape(evalset.name, min(evalset.limit or pool, pool), pool,
+        shapes.append(SetShape(evalset.name, evalset.first_look(pool), pool,
                                dict.fromkeys(groups, PLANNING_ACCURACY),
                                tokens=min(60.0, budget / 3), budget=budget))
     return tuple(shapes)

@@ -123,17 +123,18 @@ def _unusable(rule: str, step: Step, level: str) -> Check:
     )
 
 
-def contention(stage: StageRecord, policy: GatePolicy) -> str | None:
-    """Why the stage's timing was contended (others took more of the box than the policy
-    allows in some round), or None."""
+def contention(stage: StageRecord, policy: GatePolicy) -> tuple[float, str] | None:
+    """The share others took of the box in the stage's most contended round and why that makes
+    its timing contended (above what the policy allows), or None."""
     rules = policy.latency
     paired = stage.paired_load
     share = None if paired is None else paired.others_cpu_share(rules.level)
     if share is None or share <= rules.max_other_cpu_share:
         return None
-    return (f"contended: processes outside the run took {share:.0%} of the box's CPU in a round "
-            f"of {stage.name} at level {rules.level!r} (limit {rules.max_other_cpu_share:.0%}, "
-            "latency.max_other_cpu_share): timing on a contended box is neither a pass nor a fail")
+    return share, (f"contended: processes outside the run took {share:.0%} of the box's CPU in a "
+                   f"round of {stage.name} at level {rules.level!r} (limit "
+                   f"{rules.max_other_cpu_share:.0%}, latency.max_other_cpu_share): timing on a "
+                   "contended box is neither a pass nor a fail")
 
 
 def _step_check(stage: StageRecord, step: Step, metric: str, limit: float, policy: GatePolicy) -> Check:
@@ -143,8 +144,9 @@ def _step_check(stage: StageRecord, step: Step, metric: str, limit: float, polic
         return _unusable(rule, step, level)
     contended = contention(stage, policy)
     if contended:
-        return judged(rule, "inconclusive", policy.latency.required, contended, details={
-            "others_cpu_share": stage.paired_load.others_cpu_share(level), "contended": True})
+        share, why = contended
+        return judged(rule, "inconclusive", policy.latency.required, why,
+                      details={"others_cpu_share": share, "contended": True})
     paired = stage.paired_load
     looks = round_looks(policy)
     confidence = look_confidence(policy)
@@ -215,11 +217,12 @@ def _cumulative_check(stage: StageRecord, records: Mapping[str, StageRecord], ba
     if len(steps) == 1 and limit >= step_limit:
         return None  # the reference is the baseline: the step check already is the cumulative one
     timed = dict(records) | {stage.name: stage}
-    contended = [why for s in steps if s.stage in timed
-                 and (why := contention(timed[s.stage], policy))]
+    contended = [found for s in steps if s.stage in timed
+                 and (found := contention(timed[s.stage], policy))]
     if contended:
+        _, why = contended[0]
         return judged(rule, "inconclusive", rules.required,
-                      f"cumulative {metric[:4]} vs {baseline}: {contended[0]}")
+                      f"cumulative {metric[:4]} vs {baseline}: {why}")
     mean = sum(s.mean for s in steps)
     variance = sum(s.variance for s in steps)
     path = " + ".join(f"{s.stage}/{s.reference} {_x(s.mean)}" for s in steps)

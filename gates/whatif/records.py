@@ -83,14 +83,6 @@ def spec_profile(spec: Path, profile: str) -> tuple[LoadProfile, str]:
     return load_profile(profile), f"load profile {profile_path(profile)} (from {spec})"
 
 
-def spec_workload(spec: Path, profile: str) -> tuple[Workload, str]:
-    """The workload of the load profile a spec names."""
-    from gates.whatif import workload_from_profile
-
-    found, origin = spec_profile(spec, profile)
-    return workload_from_profile(found), origin
-
-
 def run_profile(results_dir: Path) -> tuple[LoadProfile, str]:
     """The load profile a results folder's run named (the spec is read again from the path the
     manifest kept); QuantgateError when the spec or profile is gone."""

@@ -73,8 +73,9 @@ def _ms(value: float | None) -> str:
     return format(value, ".3f" if value < 1 else ".2f" if value < 10 else ".1f")
 
 
-def _rate(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.3g}" if value < 1000 else f"{value:,.0f}"
+def rate_text(value: float | None) -> str:
+    """A request rate as a reader writes it: 14,720, 540, 38.2, 0.412 (never 1e+03)."""
+    return "—" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _error(predicted: float | None, measured: float | None) -> str:
@@ -136,7 +137,7 @@ def _gpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], targets
             section.rows.append({
                 "stage": record.name, "emulated": record.emulated, "gpu": row["gpu"],
                 "ttft": _ms(row["ttft_ms"]), "tpot": _ms(row["tpot_ms"]),
-                "capacity": _rate(row["capacity_rps"]),
+                "capacity": rate_text(row["capacity_rps"]),
                 "p99": f"{_ms(row['ttft_p99_ms'])} / {_ms(row['tpot_p99_ms'])}",
                 "weights": _number(row["weights_gib"], ".2f"), "format": row["format"],
             })
@@ -210,8 +211,8 @@ def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workloa
             "ttft_error": _error(ttft, seen[0] if seen else None) if comparable else "—",
             "tpot": _ms(tpot), "tpot_measured": _ms(seen[1] if seen else None),
             "tpot_error": _error(tpot, seen[1] if seen else None) if comparable else "—",
-            "capacity": _rate(most),
-            "capacity_measured": (_rate(measured_rate) if measured_rate is not None
+            "capacity": rate_text(most),
+            "capacity_measured": (rate_text(measured_rate) if measured_rate is not None
                                   else "none passed" if searched else "not searched"),
             "capacity_error": _error(most, measured_rate) if comparable else "—",
             # Numbers for the benchmark script and tests.
