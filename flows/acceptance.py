@@ -146,8 +146,10 @@ def measure_quality(
         return quality
     # Inconclusive accuracy is not a dead end: score more items while the set has them.
     with timed(clock if clock is not None else {}, "more_items"):
+        parents = [s for s in prepared.stages if s.name == stage.parent]
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
-                                  prepared.policy, prepared.pools, settings.num_concurrent, kept)
+                                  prepared.policy, prepared.pools, settings.num_concurrent, kept,
+                                  parents[0] if parents else None)
 
 
 def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,

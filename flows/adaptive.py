@@ -3,9 +3,12 @@
 The stage's engine is still up; the baseline answers beside it (the engine the run kept up, or
 served again on another port, the same cores) only for the items it has not answered yet, and
 its stored record grows with them, so a later stage needing the same items finds them already
-scored. Each batch multiplies the items of every set that still bears on the open rule by the
-policy's `growth` (gates.accuracy.more_items says which), within the set's pool, up to `max_looks`
-looks; the accuracy rule splits its alpha over those looks, so looking again cannot buy a false go.
+scored. A stage of a chain is judged on length against its parent: the parent is served again
+beside it the same way (`parent_stage`), so that length can grow past the parent's stored
+answers rather than stay inconclusive at the first look's size. Each batch multiplies the items
+of every set that still bears on the open rule by the policy's `growth` (gates.accuracy.more_items
+says which), within the set's pool, up to `max_looks` looks; the accuracy rule splits its alpha
+over those looks, so looking again cannot buy a false go.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from evalsets.contracts import fit_to_context
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
-from flows.engines import BASELINE_PORT_OFFSET, KeptEngines, engine_beside
+from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines, engine_beside
 from flows.plan import Stage
 from flows.spec import Spec
 from gates.accuracy import more_items
@@ -50,26 +53,30 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
 def grow_until_decided(
     stage: Stage, quality: QualityResult, facts: EngineFacts, spec: Spec, baseline: Stage,
     results_dir: Path, policy: GatePolicy, pools: dict[str, int], num_concurrent: int,
-    kept: KeptEngines | None = None,
+    kept: KeptEngines | None = None, parent_stage: Stage | None = None,
 ) -> QualityResult:
-    """Score more items on the stage (and the baseline) until the pooled rule decides; on the
-    baseline's engine the run `kept` up when it has one."""
+    """Score more items on the stage (and the baseline, and a parent that is not the baseline
+    when `parent_stage` says how to serve it) until the pooled rule decides; on the engines the
+    run `kept` up when it has them."""
     baseline_folder = results_dir / baseline.name
     base_record = StageRecord.read(baseline_folder)
     if base_record.quality is None:
         return quality
     axes = stage.axes.model_dump(exclude={"emulated"})
     precision = precision_class(axes)
-    parent = None
-    if stage.parent != baseline.name:  # length is judged against the parent, as it was stored
-        parent = StageRecord.read(results_dir / stage.parent).quality
+    parent_record = None
+    if stage.parent != baseline.name:  # length is judged against the parent
+        parent_record = StageRecord.read(results_dir / stage.parent)
+    parent = parent_record.quality if parent_record is not None else None
+    served = parent_stage is not None and parent is not None
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         base_facts: EngineFacts | None = None
+        parent_facts: EngineFacts | None = None
         while quality.looks < policy.quality.max_looks:
             sizes = more_items(quality, base_record.quality, precision, policy, pools, parent,
-                               axes)
+                               axes, parent_served=served)
             if sizes is None:
                 break
             quality.look_sizes.append({name: len(task.items)
@@ -89,6 +96,16 @@ def grow_until_decided(
                         base_facts, sets[name], len(base_task.items), wanted,
                         baseline_folder / "quality", baseline.checkpoint, spec.chat_template,
                         num_concurrent))
+                parent_task = parent.tasks.get(name) if served else None
+                if parent_task is not None and wanted > len(parent_task.items):
+                    if parent_facts is None:
+                        parent_facts = stack.enter_context(engine_beside(
+                            spec, parent_stage, results_dir / parent_stage.name
+                            / "engine-more-items.log", PARENT_PORT_OFFSET, kept))
+                    _extend(parent_task, _score(
+                        parent_facts, sets[name], len(parent_task.items), wanted,
+                        results_dir / parent_stage.name / "quality", parent_stage.checkpoint,
+                        spec.chat_template, num_concurrent, parent_stage.structured_output))
                 before = len(task.items)
                 if wanted > before:
                     _extend(task, _score(facts, sets[name], before, wanted,
@@ -99,6 +116,9 @@ def grow_until_decided(
                         task.items) - before
             base_record.save(baseline_folder)
             base_record.quality.save(baseline_folder / "quality")
+            if served:
+                parent_record.save(results_dir / parent_stage.name)
+                parent.save(results_dir / parent_stage.name / "quality")
     quality.added_s += time.monotonic() - started
     quality.save(results_dir / stage.name / "quality")
     return quality

@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 # Ports beside the stage's: the load reference takes +1, the baseline scoring more items +2.
 REFERENCE_PORT_OFFSET = 1
 BASELINE_PORT_OFFSET = 2
+PARENT_PORT_OFFSET = 3
 
 
 class KeptEngines:

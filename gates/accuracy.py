@@ -369,7 +369,8 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
                policy: GatePolicy, pools: dict[str, int],
                parent: QualityResult | None = None,
-               axes: dict[str, str] | None = None) -> dict[str, int] | None:
+               axes: dict[str, str] | None = None,
+               parent_served: bool = False) -> dict[str, int] | None:
     """The items per set for the next look, or None when nothing is left to decide or to grow.
 
     Every set grows while the pooled rule is inconclusive; otherwise the sets whose own rule is
@@ -377,8 +378,8 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     cache) one of whose groups is unresolved or too small, grow: a set's items are interleaved
     across its groups, so growing the set grows every group of it. While the required length
     rule against the parent is inconclusive, the sets in which some answer changed length grow,
-    as far as the parent's answers reach (`parent` None: the parent is the baseline, which is
-    served again for them)."""
+    as far as the parent's answers reach, or within the pool where the parent is served again
+    for them (`parent_served`; `parent` None: the parent is the baseline, always served again)."""
     q = policy.quality
     margin = policy.tolerance(precision).accuracy_margin
     level = look_alpha(q.alpha, q.max_looks)
@@ -414,12 +415,13 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     for name in growing:
         grown[name] = max(sizes[name], min(limits[name], math.ceil(sizes[name] * q.growth)))
     if policy.length.required:
-        # Length pairs with the parent as it was stored: it is not served again, so its answers
-        # bound how far a set can grow for the length rules alone.
+        # Length pairs with the parent: unless it is served again, its stored answers bound how
+        # far a set can grow for the length rules alone.
         for name in _length_growth(stage, parent, baseline, policy):
             if name in sets and name not in growing:
-                reach = limits[name] if parent is None or name not in parent.tasks else min(
-                    limits[name], len(parent.tasks[name].items))
+                unbounded = parent is None or parent_served or name not in parent.tasks
+                reach = limits[name] if unbounded else min(limits[name],
+                                                           len(parent.tasks[name].items))
                 grown[name] = max(sizes[name], min(reach, math.ceil(sizes[name] * q.growth)))
     return grown if any(grown[name] > sizes[name] for name in sizes) else None
 

@@ -89,6 +89,54 @@ def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches()
     assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) == {"math": 150}
     parent.tasks["math"].items = parent.tasks["math"].items[:120]
     assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent) is None
+    # A parent served again for the new items no longer bounds the growth.
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000}, parent,
+                      parent_served=True) == {"math": 240}
+
+
+def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, monkeypatch):
+    """activations is judged on length against weights: at the first look's 60 items the ratio is
+    unresolved, so weights answers the new items beside it (and the baseline too)."""
+    spec = load_spec(write_spec(tmp_path))
+    baseline, weights, activations, _ = plan(spec)
+    results = tmp_path / "run"
+
+    def lengths(n: int, changed: bool = False) -> QualityResult:
+        quality = answers("math", [truth(i) for i in range(n)])
+        for i, item in enumerate(quality.tasks["math"].items):
+            item.output_tokens = 3 * (2, 5, 9)[i % 3] + (i * 7) % 4
+            if changed:  # half the answers change length, x1.06 on the whole: unresolved at 60
+                item.output_tokens = round(item.output_tokens * (1.8, 1, 0.7, 1)[i % 4])
+        return quality
+
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={},
+                quality=lengths(60)).save(results / "baseline")
+    StageRecord(name="weights", kind="weights", parent="baseline", axes={},
+                quality=lengths(60)).save(results / "weights")
+    scored: list[tuple[str, int, int]] = []
+
+    def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent,
+                   structured_output=False):
+        scored.append((facts.model, start, stop))
+        return lengths(stop, facts.model == "activations").tasks["math"].items[start:]
+
+    offsets: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def fake_engine(spec_, stage, log_path, port_offset, kept=None):
+        offsets[stage.name] = port_offset
+        yield EngineFacts(base_url=f"http://{stage.name}", model=stage.name, command=["vllm"])
+
+    monkeypatch.setattr(adaptive, "_score", fake_score)
+    monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
+    stage_facts = EngineFacts(base_url="http://s", model="activations", command=["vllm"])
+    quality = adaptive.grow_until_decided(
+        activations, lengths(60, True), stage_facts, spec, baseline, results, POLICY, {"math": 1000}, 2,
+        parent_stage=weights)
+    assert ("weights", 60, 120) in scored, scored
+    assert offsets["weights"] not in (offsets.get("baseline"), 0)
+    grown = StageRecord.read(results / "weights")
+    assert len(grown.quality.tasks["math"].items) == len(quality.tasks["math"].items) > 60
 
 
 def test_more_items_show_their_progress(tmp_path, monkeypatch):
