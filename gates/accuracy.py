@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import norm
 
 from evalsets.results import QualityItem, QualityResult
 from gates import stats
@@ -39,6 +40,8 @@ from gates.record import StageRecord, paired_items
 from gates.verdict import Check, judged, missing, points
 
 Pairs = list[tuple[QualityItem, QualityItem]]
+# An unresolved set grows to the items at which an equivalent set resolves this often.
+RESOLVE_POWER = 0.95
 
 
 def correct(item: QualityItem) -> bool:
@@ -105,6 +108,24 @@ class SetCounts:
     @property
     def design_effect(self) -> float:
         return self.strata[0].design_effect if self.strata else 1.0
+
+    def own_margin(self, margin: float, error_ratio: float) -> float:
+        """The set's margin on a scale that still resolves where the set sits: `margin` points,
+        but never so many that the stage could make more than `error_ratio` times the baseline's
+        errors (near the ceiling: 95 % -> 87 % is 2.6x the errors) or keep less than
+        1/`error_ratio` of its right answers (near the floor). The baseline's accuracy is read
+        with half an item added each way (Jeffreys), so 20/20 is not taken for certainty."""
+        accuracy = (self.baseline_correct + 0.5) / (self.n + 1)
+        return min(margin, (error_ratio - 1) * (1 - accuracy), (1 - 1 / error_ratio) * accuracy)
+
+    def needed(self, margin: float, level: float, power: float) -> int:
+        """Items at which a set as good as the baseline would resolve at `margin` with `power`:
+        the normal-approximation size from its observed discordance and design effect (the
+        blinded re-estimate: the difference itself is not used, so growing to it cannot favour
+        a go)."""
+        discordance = (self.broke + self.fixed + 1) / (self.n + 2)
+        z = float(norm.ppf(1 - level) + norm.ppf(power))
+        return math.ceil(self.design_effect * discordance * (z / margin) ** 2)
 
     def bound(self, margin: float) -> str | None:
         """Why this set cannot vouch at this margin, or None.
@@ -279,6 +300,7 @@ def checks_at_look(
     precision = precision_class(stage.axes)
     margin = policy.tolerance(precision).accuracy_margin
     set_margin, group_margin = margin * q.set_margin_factor, margin * q.group_margin_factor
+    ratio = q.max_error_ratio  # sets only: a group (a bucket of ~30) is a collapse detector
     per_group = groups_required(stage.axes, policy)
     paired, problems = measured_sets(stage.quality, parent.quality, baseline.quality)
     checks = [missing(f"quality.{name}", problem) for name, problem in problems.items()]
@@ -312,7 +334,7 @@ def checks_at_look(
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, set_margin, True, policy) for s in sets]
+    checks += [set_check(s, s.own_margin(set_margin, ratio), True, policy) for s in sets]
     return checks + group_checks
 
 
@@ -392,28 +414,39 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
     per_group = groups_required(axes, policy)
 
-    def unresolved(counts: SetCounts, at: float) -> bool:
+    ratio, target = q.max_error_ratio, RESOLVE_POWER
+
+    def unresolved(counts: SetCounts, at: float, capped: bool = True) -> int:
+        """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
+        which it would resolve."""
+        at = counts.own_margin(at, ratio) if capped else at
         if counts.n < q.min_items:
-            return True
-        return not counts.bound(at) and _outcome(*score_interval(counts.strata, level)[1:],
-                                                 at) == "inconclusive"
+            return q.min_items
+        if counts.bound(at) or _outcome(*score_interval(counts.strata, level)[1:],
+                                        at) != "inconclusive":
+            return 0
+        return max(1, counts.needed(at, level, target))
 
-    def group_unresolved(name: str) -> bool:
+    def group_unresolved(name: str) -> int:
         vs_baseline, vs_parent = paired[name]
-        deff = sets[name].design_effect
-        return any(unresolved(SetCounts.of(name, g_base, g_parent, deff), margin *
-                              q.group_margin_factor)
-                   for g_base, g_parent in _group_pairs(vs_baseline, vs_parent).values())
+        deff, n = sets[name].design_effect, sets[name].n
+        wanted = [unresolved(SetCounts.of(name, g_base, g_parent, deff),
+                             margin * q.group_margin_factor, capped=False)
+                  * n // max(1, len(g_base))
+                  for g_base, g_parent in _group_pairs(vs_baseline, vs_parent).values()]
+        return max(wanted, default=0)
 
-    if _pooled(list(sets.values()), margin, level)[2] == "inconclusive":
-        growing = set(sets)
-    else:
-        growing = {name for name, counts in sets.items()
-                   if unresolved(counts, margin * q.set_margin_factor)
-                   or (per_group and group_unresolved(name))}
+    needs = {name: max(unresolved(counts, margin * q.set_margin_factor),
+                       group_unresolved(name) if per_group else 0)
+             for name, counts in sets.items()}
+    pooled_open = _pooled(list(sets.values()), margin, level)[2] == "inconclusive"
+    growing = set(sets) if pooled_open else {name for name, need in needs.items() if need}
     grown = dict(sizes)
     for name in growing:
-        grown[name] = max(sizes[name], min(limits[name], math.ceil(sizes[name] * q.growth)))
+        # A batch multiplies the set by `growth`, or jumps to the size at which its own rule
+        # would resolve (re-estimated from its discordance), within its pool.
+        step = max(math.ceil(sizes[name] * q.growth), needs[name])
+        grown[name] = max(sizes[name], min(limits[name], step))
     if policy.length.required:
         # Length pairs with the parent: unless it is served again, its stored answers bound how
         # far a set can grow for the length rules alone.

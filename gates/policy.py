@@ -72,6 +72,11 @@ class QualityRules(Rules):
         4.0, ge=1, le=20, description="Each group of a set (a long-context length bucket) at this "
         "multiple of the pooled margin, for stages serving a quantized KV cache."
     )
+    max_error_ratio: float = Field(
+        2.5, gt=1, le=100, description="A set's own margin never lets the stage "
+        "make more than this many times the baseline's errors (near the ceiling) or keep less "
+        "than 1/this of its right answers (near the floor): the scale that still resolves there."
+    )
     long_context_required: bool = Field(
         False, description="Groups are judged (and block when unresolved) for every stage, not "
         "only for stages that serve a quantized KV cache."

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import plots
+from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Check, StageVerdict, Verdict
@@ -342,7 +343,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "signer": signer, "signed_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
-        "status_colors": plots.STATUS_COLORS,
+        "status_colors": plots.STATUS_COLORS, "methods": methods(policy),
     }
 
 

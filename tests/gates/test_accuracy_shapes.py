@@ -101,8 +101,11 @@ def test_an_unresolved_bucket_grows_its_set_on_a_kv_stage():
     baseline = record("baseline", None, {"long_context": items(base, groups)})
     stage = record("s", "baseline", {"long_context": items(base, groups)}, axes=KV)
     pools = {"long_context": 120}
+    # The set jumps to the size at which every bucket has min_items (4 x 20), not just 2x.
     assert more_items(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV) == {
-        "long_context": 48}
+        "long_context": 80}
+    assert more_items(stage.quality, baseline.quality, "8bit", POLICY, {"long_context": 60},
+                      axes=KV) == {"long_context": 60}  # within the pool
 
 
 def test_declared_clusters_widen_the_interval():

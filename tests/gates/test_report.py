@@ -86,6 +86,19 @@ def test_report_states_the_verdict_cis_flips_and_sign_off(report):
     assert "vllm --model a8" in md  # the rollback plan's exact command line
 
 
+def test_report_states_its_methods_with_the_policy_it_was_judged_by(tmp_path):
+    records = chain()
+    policy = GatePolicy.model_validate({"quality": {"max_looks": 4, "max_error_ratio": 3}})
+    paths = write_report(decide("demo", records, policy), records, tmp_path)
+    md = paths["md"].read_text()
+    methods = md[md.index("## How the rules decide"):md.index("## Sign-off")]
+    assert "split over 4 looks" in methods and "at most 3x the baseline's errors" in methods
+    assert "Tango's score interval" in methods and "right-censored" in methods
+    parser = Ids()
+    parser.feed(paths["html"].read_text())
+    assert "methods" in parser.ids
+
+
 def test_report_says_where_the_load_generator_ran_against_the_engine(report):
     _, _, paths = report
     md = paths["md"].read_text()

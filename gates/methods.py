@@ -1,0 +1,74 @@
+"""How each rule decides, in the words of the policy the verdict was judged by (for the report).
+
+The sign-off states its methods with the numbers that applied, not the defaults: a reader of a
+report judged by a custom policy reads that policy's margins, levels and looks.
+"""
+
+from __future__ import annotations
+
+from gates.policy import GatePolicy
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:g} %"
+
+
+def methods(policy: GatePolicy) -> list[dict[str, str]]:
+    """One row per rule family: what it tests, and how."""
+    q, length, lat = policy.quality, policy.length, policy.latency
+    margins = ", ".join(f"{name} {100 * t.accuracy_margin:g} pts" for name, t in
+                        policy.tolerances.items())
+    limits = ", ".join(f"{name} KL <= {t.max_kl:g}, top-1 >= {_pct(t.min_top1)}"
+                       for name, t in policy.tolerances.items())
+    return [
+        {"rule": "quality.accuracy (pooled)", "method": (
+            f"paired non-inferiority against the baseline: Tango's score interval of the paired "
+            f"difference, stratified over the sets with equal weights (a set's groups are strata "
+            f"inside it), margin {margins}; one-sided alpha {q.alpha:g} split over {q.max_looks} "
+            f"looks (Bonferroni), a rule decided at a look stays decided")},
+        {"rule": "quality.<set>", "method": (
+            f"every set on its own (intersection-union: all must pass), at {q.set_margin_factor:g}x "
+            f"the margin, capped where the set sits so that the stage makes at most "
+            f"{q.max_error_ratio:g}x the baseline's errors (near the ceiling) and keeps at least "
+            f"1/{q.max_error_ratio:g} of its right answers (near the floor)")},
+        {"rule": "quality.<set>.<group>", "method": (
+            f"each group (long-context length bucket, a user set's group field) at "
+            f"{q.group_margin_factor:g}x the margin; blocking for a stage serving a quantized KV "
+            "cache" + (" and for every stage" if q.long_context_required else "")
+            + ", otherwise shown")},
+        {"rule": "clusters", "method": (
+            "items declaring a cluster (a template, a source document) widen every interval by "
+            "their design effect: the cluster-robust (sandwich) over the independent variance of "
+            "the paired differences, never below 1 (Rao-Scott)")},
+        {"rule": "more items", "method": (
+            f"an unresolved rule scores more items: x{q.growth:g} per look, or straight to the size "
+            "its observed discordance and design effect say would resolve it (blinded "
+            "re-estimation: the difference itself is not used), within the set's pool; a stage "
+            "judged on length against a parent other than the baseline serves that parent again")},
+        {"rule": "length", "method": (
+            f"paired log length ratio per set and pooled (equal weights), against the parent "
+            f"(x{1 - length.max_change:g}..x{1 + length.max_change:g}) and the baseline "
+            f"(x{1 - length.max_change_vs_baseline:g}..x{1 + length.max_change_vs_baseline:g}): two "
+            "one-sided t-tests (90 % interval); answers cut at the budget are right-censored "
+            "(a Tobit fit of the changed answers), or, where that cannot carry a set, the "
+            "restricted mean with the newly cut share bounded; fails on a Holm-adjusted "
+            "one-sided p")},
+        {"rule": "divergence.kl / top1, perplexity", "method": (
+            f"top-20 coarsened per-token KL and top-1 agreement on the scoring corpus, {limits}; "
+            f"two-stage studentized block bootstrap over blocks of {policy.divergence.block_tokens} "
+            f"tokens ({q.bootstrap_resamples} resamples, {_pct(q.confidence)}); fewer than "
+            f"{policy.divergence.min_blocks} blocks cannot decide; perplexity ratio vs parent "
+            f"<= x{1 + policy.perplexity.max_increase_vs_parent:g}, vs baseline "
+            f"<= x{1 + policy.perplexity.max_increase_vs_baseline:g}")},
+        {"rule": "latency", "method": (
+            f"interleaved rounds of stage and reference on the same cores; per round the log "
+            f"ratio of medians, a one-sided Student-t bound; TPOT p50 <= +{_pct(lat.max_tpot_p50_increase)}, "
+            f"TTFT p50 <= +{_pct(lat.max_ttft_p50_increase)} per step, summed along the chain "
+            f"against the baseline; "
+            + (f"required: unresolved steps get more rounds up to {lat.max_rounds}"
+               if lat.required else "advisory when unresolved")
+            + f"; contended (others' CPU > {_pct(lat.max_other_cpu_share)}) is inconclusive")},
+        {"rule": "load errors", "method": (
+            f"exact one-sided binomial test of an error rate <= {_pct(policy.load.max_error_rate)} "
+            f"per load level, at alpha {q.alpha:g}")},
+    ]
