@@ -5,16 +5,20 @@ chance of a false go stays within alpha however many there are):
 
 - the pooled rule over the sets that can vouch, at the precision class's margin;
 - every set on its own, at the set margin (a multiple of the pooled one: a set's own items can
-  resolve only a larger loss); a set near the ceiling is judged like any other, since it can
-  still lose points, and one at the floor (fewer right answers than the margin's worth) cannot
-  vouch and is shown;
+  resolve only a larger loss), capped where the set sits on the error scale: near the ceiling
+  the stage may make at most `max_error_ratio` times the baseline's errors (95 % -> 87 % is 2.6x
+  the errors, though only 8 points), near the floor it must keep 1/`max_error_ratio` of the
+  right answers; a set whose baseline has fewer right answers than even that margin's worth
+  cannot vouch and is shown;
 - every group of a set (the long-context length buckets) at the group margin, when the stage
   serves a quantized KV cache (long context is where KV error shows) or the policy asks for
   groups always; otherwise a group only fails on confident harm.
 
 A set's groups are strata of its interval; declared clusters widen every interval by their
 design effect (gates.noninferiority). A rule that its items cannot resolve is inconclusive and
-blocks, and the adaptive sample size grows the sets concerned while looks are left.
+blocks, and the adaptive sample size grows the sets concerned while looks are left: by `growth`,
+or at once to the size at which the set's observed discordance and design effect say an
+equivalent set resolves (a blinded re-estimate), within the set's pool.
 """
 
 from __future__ import annotations

@@ -62,6 +62,49 @@ def test_a_set_at_the_ceiling_vouches_and_its_drop_counts():
     assert checks["quality.code"].status == "fail"
 
 
+def test_a_ceiling_set_that_more_than_doubles_its_errors_rolls_back_though_within_points():
+    """95 % -> 87 % is 8 points, inside the 16-point set margin, but 2.6x the errors: the set's
+    margin there is capped at 2.5x the baseline's errors (7.5 points), and 160 items show it."""
+    base = [1.0] * 152 + [0.0] * 8
+    baseline = record("baseline", None, {"code": items(base)})
+    worse = [0.0] * 13 + [1.0] * 139 + [0.0] * 8  # 13 of 152 broke: 95 % -> 86.9 %
+    checks = by_rule(quality_checks(record("s", "baseline", {"code": items(worse)}), baseline,
+                                    baseline, POLICY))
+    code = checks["quality.code"]
+    assert code.status != "pass" and not code.passed
+    assert -0.08 < code.limit < -0.07  # 1.5 x the baseline's 8.5 / 161 errors
+    held = [0.0] * 2 + [1.0] * 150 + [0.0] * 6 + [1.0] * 2  # 2 broke, 2 fixed
+    assert by_rule(quality_checks(record("s", "baseline", {"code": items(held)}), baseline,
+                                  baseline, POLICY))["quality.code"].status == "pass"
+
+
+def test_a_set_near_the_floor_is_judged_on_its_right_answers_not_left_out():
+    """12 % right: losing 20 of the 24 right answers is 10 points, under the 16-point set margin,
+    yet the stage keeps 17 % of what the baseline got right: it blocks."""
+    base = [1.0] * 24 + [0.0] * 176
+    baseline = record("baseline", None, {"math": items(base)})
+    lost = [0.0] * 20 + [1.0] * 4 + [0.0] * 176
+    math_check = by_rule(quality_checks(record("s", "baseline", {"math": items(lost)}),
+                                        baseline, baseline, POLICY))["quality.math"]
+    assert math_check.status != "pass" and not math_check.passed, math_check.reason
+    assert math_check.limit > -0.08  # 0.6 x the baseline's 12 %
+    nothing_right = record("baseline", None, {"math": items([0.0] * 200)})
+    shown = by_rule(quality_checks(nothing_right, nothing_right, nothing_right, POLICY))
+    assert shown["quality.math"].status == "inconclusive" and shown["quality.math"].passed
+
+
+def test_an_unresolved_set_grows_at_once_to_where_it_resolves():
+    """20 code items with 3 flips each way: doubling to 40 would not resolve 16 points at 15 %
+    discordance; the next look asks for the re-estimated size, within the pool."""
+    base = [1.0] * 10 + [0.0] * 10
+    stage = [0.0] * 3 + [1.0] * 7 + [1.0] * 3 + [0.0] * 7
+    baseline = record("baseline", None, {"code": items(base)})
+    s = record("s", "baseline", {"code": items(stage)})
+    grown = more_items(s.quality, baseline.quality, "8bit", POLICY, {"code": 1000})
+    assert grown["code"] > 40
+    assert more_items(s.quality, baseline.quality, "8bit", POLICY, {"code": 60}) == {"code": 60}
+
+
 def test_groups_are_strata_of_their_set():
     """Same paired difference; the bound moves only by what the strata's own variances say."""
     plain = score_interval([Stratum(120, 10, 10)], 0.05)
