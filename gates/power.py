@@ -21,7 +21,7 @@ from gates.policy import GatePolicy, precision_class
 from gates.simulate import SetShape, Step
 from gates.trials import Scenario, p_go, wilson
 
-SIMULATION_VERSION = 2  # raise when the simulation or the rules change what it predicts
+SIMULATION_VERSION = 3  # raise when the simulation or the rules change what it predicts
 
 
 @dataclass
@@ -32,6 +32,10 @@ class DecisionPower:
     equivalent: float  # P(go) of a stage as good as the baseline
     at_margin: float  # P(go) of a stage that loses the pooled margin: the false-go risk
     blocking: dict[str, int]  # rules that blocked the equivalent stage, by count
+    # P(go) when only the least-resolved set (or, judged per group, one group) loses the margin
+    # while the rest hold: the false-go risk of a loss the pooled figure dilutes.
+    one_set: str | None = None
+    at_margin_one_set: float | None = None
 
     def describe(self, target: float) -> str:
         low, high = wilson(round(self.equivalent * self.trials), self.trials)
@@ -41,7 +45,10 @@ class DecisionPower:
         return (f"{self.precision}{' (per group: KV cache)' if self.per_group else ''}: whole "
                 f"decision P(go) {self.equivalent:.0%} [{low:.0%}, {high:.0%}] for an equivalent "
                 f"stage (policy {target:.0%}), {self.at_margin:.0%} [{m_low:.0%}, {m_high:.0%}] "
-                f"at the margin (false go), {self.trials} simulated runs each"
+                f"at the margin (false go)"
+                + (f", {self.at_margin_one_set:.0%} when only {self.one_set} loses it"
+                   if self.one_set is not None and self.at_margin_one_set is not None else "")
+                + f", {self.trials} simulated runs each"
                 + (f"; blocking when equivalent: {top}" if top else ""))
 
 
@@ -60,5 +67,24 @@ def decision_power(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: G
     seed = int(np.random.default_rng(policy.quality.seed).integers(2**31))
     p_equivalent, blocking = p_go(equivalent, policy, trials, seed)
     p_margin, _ = p_go(marginal, policy, trials, seed + 1)
+    one = least_resolved(shapes, serves_quantized_kv(axes))
+    p_one = None
+    if one is not None and len(shapes) + sum(len(s.groups) > 1 for s in shapes) > 1:
+        p_one, _ = p_go(Scenario(f"only {one} at the margin", [Step(drop={one: margin}, **clean)],
+                                 **common), policy, trials, seed + 2)
     return DecisionPower(precision=precision, per_group=serves_quantized_kv(axes), trials=trials,
-                         equivalent=p_equivalent, at_margin=p_margin, blocking=blocking)
+                         equivalent=p_equivalent, at_margin=p_margin, blocking=blocking,
+                         one_set=one, at_margin_one_set=p_one)
+
+
+def least_resolved(shapes: tuple[SetShape, ...], per_group: bool) -> str | None:
+    """The set with the fewest items in its pool, or (judged per group) the smallest group of a
+    grouped set, as `set` or `set.group`: where a loss at the margin is likeliest to slip by."""
+    if not shapes:
+        return None
+    if per_group:
+        grouped = [(s.pool / len(s.groups), f"{s.name}.{s.groups[-1]}") for s in shapes
+                   if len(s.groups) > 1]
+        if grouped:
+            return min(grouped)[1]
+    return min(shapes, key=lambda s: s.pool).name

@@ -45,3 +45,16 @@ def test_a_spec_too_small_for_its_kv_stage_is_refused_with_what_blocks(monkeypat
         check_decision_power(spec, stages(W8A8, KV), pools, GatePolicy(), trials=30)
     assert "raise the limits" in str(err.value)
     assert list((tmp_path / "quantgate" / "power").glob("*.json"))  # simulated once, kept
+
+
+def test_validate_names_the_false_go_risk_of_one_set_losing_the_margin(monkeypatch, tmp_path):
+    """The pooled margin's false-go figure dilutes one set's loss over the sets: validate also
+    simulates the least-resolved set alone losing the margin, and says what that would do."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = SimpleNamespace(evalsets=[EvalSetSpec(name="math", limit=60),
+                                     EvalSetSpec(name="code", limit=20)])
+    plan, = check_decision_power(spec, stages(W8A8), {"math": 1040, "code": 160}, GatePolicy(),
+                                 trials=30)
+    assert plan.one_set == "code" and plan.at_margin_one_set is not None
+    assert plan.at_margin_one_set > plan.at_margin  # a diluted loss slips by more often
+    assert "when only code loses it" in plan.describe(0.8)
