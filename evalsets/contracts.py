@@ -23,7 +23,8 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from evalsets import userset
-from evalsets.spec import EvalSetInfo, EvalSetSpec
+from evalsets.spec import EVALSETS_DIR, EvalSetInfo, EvalSetSpec
+from evalsets.task_code import FunctionRef, check_reference, check_task_functions
 from evalsets.userset import LINE, read_rows
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
@@ -95,7 +96,8 @@ class _TaskLoader(StrictLoader):
     repeated key is an error, as in every YAML file quantgate reads."""
 
 
-_TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+_TaskLoader.add_constructor("!function",
+                            lambda loader, node: FunctionRef(loader.construct_scalar(node)))
 
 
 def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
@@ -285,11 +287,9 @@ def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
 
 
 def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
-    """The set's own row checker, `module.function` from a file in its folder."""
+    """The set's own row checker, `module.function` from a file in its folder (imported)."""
     module_name, function = check.split(".")
-    source = folder / f"{module_name}.py"
-    if not source.is_file():
-        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: no {source.name} in the folder")
+    source = check_source(folder, check)
     name = f"_quantgate_check_{abs(hash(str(source.resolve())))}"
     module = sys.modules.get(name)
     if module is None:
@@ -303,18 +303,40 @@ def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
     return getattr(module, function)
 
 
-def validate_set(spec: EvalSetSpec) -> int:
-    """Validate every data file of one set; returns the rows of the spec's groups (its pool)."""
+def check_source(folder: Path, check: str) -> Path:
+    """The file of a contract's `check`, read as text: it exists and defines the function."""
+    source = folder / f"{check.split('.')[0]}.py"
+    if not source.is_file():
+        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: no {source.name} in the folder")
+    check_reference(folder, check, f"{folder / CONTRACT_FILE}: check")
+    return source
+
+
+def builtin(info: EvalSetInfo) -> bool:
+    """A set shipped in quantgate's own evalsets/ folder: its code is quantgate's, not a user's."""
+    return info.data_file is None and info.folder.resolve().parent == EVALSETS_DIR
+
+
+def validate_set(spec: EvalSetSpec, run_checks: bool = False) -> int:
+    """Validate every data file of one set; returns the rows of the spec's groups (its pool).
+
+    A user folder's code (its `!function`s, its contract's `check`) is read as text unless
+    `run_checks` (a run, which imports it to score anyway): `validate` runs no user code."""
     info = spec.info
     contract = load_contract(info)
     check_groups(spec, contract)
+    if info.data_file is None:
+        check_task_functions(info.task_yaml, read_task_yaml(info))
+    run_checks = run_checks or builtin(info)
+    if contract.check and not run_checks:
+        check_source(info.folder, contract.check)
     rows = 0
     for path in data_files(info):
         frame = _read_rows(path)
         if frame.empty:
             raise SpecError(f"{path}: no rows")
         validate_frame(frame, contract, str(path))
-        if contract.check:
+        if contract.check and run_checks:
             row_check(info.folder, contract.check)(path)
         if info.data_file is not None:
             userset.check_rows(info, read_rows(path))
@@ -324,11 +346,11 @@ def validate_set(spec: EvalSetSpec) -> int:
     return rows
 
 
-def validate_sets(sets: list[EvalSetSpec]) -> dict[str, int]:
+def validate_sets(sets: list[EvalSetSpec], run_checks: bool = False) -> dict[str, int]:
     """Every selected set against its contract, before any engine starts (raises SpecError).
 
     Returns the items each set can draw on (its pool), by name."""
-    return {spec.name: validate_set(spec) for spec in sets}
+    return {spec.name: validate_set(spec, run_checks) for spec in sets}
 
 
 def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
