@@ -52,7 +52,7 @@ def check_checkpoint(checkpoint: Path) -> None:
     for path in sorted(checkpoint.iterdir()):
         if path.suffix in WEIGHT_SUFFIXES and path.is_file() and path.stat().st_size == 0:
             raise CheckpointError(f"{path} is empty (0 bytes); copy the checkpoint's weights again")
-    check_safetensors(checkpoint)
+    check_safetensors(checkpoint, read_config(checkpoint))
     check_tokenizer(checkpoint)
 
 
