@@ -633,9 +633,14 @@ def prepare_candidates(
 
 def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
     """The interrupted run's last line: what stopped, what was kept, how to resume."""
+    import json
+
     results = settings.results_dir.resolve()
-    done = sorted(path.parent.name for path in results.glob("*/*/stage.json")
-                  if path.stat().st_mtime >= started)  # this run's finished stages
+    done = []
+    for path in sorted(results.glob("*/*/stage.json")):
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_mtime >= started and json.loads(path.read_text()).get("error") is None:
+                done.append(path.parent.name)  # measured by this run, and so in the stage cache
     kept = (f"measured stage(s) {', '.join(done)} kept in the stage cache "
             f"{settings.stage_cache_dir}" if done else "no stage had finished")
     return (f"`quantgate run {spec}` stopped and its engines with it; {kept}; partial results "

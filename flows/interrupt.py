@@ -5,7 +5,7 @@ engines stop in their context managers, measured stages are already in the stage
 that moment the libraries' own reactions (lm-eval's retry lines, Prefect's "crash detected",
 click's "Aborted!", threads' tracebacks) are muted; what the user reads is one line. A watchdog
 ends the process after `GRACE_S` even when a library thread would keep it alive, stopping the
-processes it started (SIGTERM, then SIGKILL).
+processes it started (SIGTERM, then SIGKILL): at most GRACE_S + 2 * KILL_S = 13 s in all.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-GRACE_S = 8.0  # for the unwinding (engines stop with SIGTERM, MLflow and Prefect record the end)
+GRACE_S = 7.0  # for the unwinding (engines stop with SIGTERM, MLflow and Prefect record the end)
 KILL_S = 3.0  # for the children's own exit after SIGTERM
 
 
