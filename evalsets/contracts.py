@@ -104,13 +104,44 @@ def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
     """The set's task.yaml (`!function` names kept as text); a user data file's equivalent."""
     if info.data_file is not None:
         return userset.task_yaml(info)
+    return _read_task_file(info.task_yaml)
+
+
+def _read_task_file(path: Path) -> dict[str, Any]:
     try:
-        config = yaml.load(info.task_yaml.read_text(), Loader=_TaskLoader)  # noqa: S506
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{info.task_yaml}: cannot read: {exc}".replace("\n", " ")) from exc
+        config = yaml.load(path.read_text(), Loader=_TaskLoader)  # noqa: S506
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: cannot read: {exc}".replace("\n", " ")) from exc
     if not isinstance(config, dict):
-        raise SpecError(f"{info.task_yaml}: expected a mapping at the top level")
+        raise SpecError(f"{path}: expected a mapping at the top level")
     return config
+
+
+MAX_INCLUDE_DEPTH = 16
+
+
+def task_files(task_yaml: Path, config: dict[str, Any],
+               within: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """The task.yaml and every file its `include:` names (lm-eval's reuse, relative to the
+    including file), each read as data; a cycle or a missing file is a SpecError."""
+    chain = (*within, task_yaml.resolve())
+    if len(chain) > MAX_INCLUDE_DEPTH:
+        raise SpecError(f"{task_yaml}: include nests more than {MAX_INCLUDE_DEPTH} files deep")
+    found = [(task_yaml, config)]
+    names = config.get("include")
+    names = [] if names is None else [names] if isinstance(names, str) else names
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        raise SpecError(f"{task_yaml}: include is {config.get('include')!r}; name a YAML file, or "
+                        "a list of them, relative to this one")
+    for name in names:
+        path = task_yaml.parent / name
+        if path.resolve() in chain:
+            raise SpecError(f"{task_yaml}: include {name!r} includes itself again (a cycle); "
+                            "remove the include")
+        if not path.is_file():
+            raise SpecError(f"{task_yaml}: include {name!r}: no such file {path}")
+        found += task_files(path, _read_task_file(path), chain)
+    return found
 
 
 def _template_fields(template: object) -> list[str]:
@@ -326,7 +357,8 @@ def validate_set(spec: EvalSetSpec, run_checks: bool = False) -> int:
     contract = load_contract(info)
     check_groups(spec, contract)
     if info.data_file is None:
-        check_task_functions(info.task_yaml, read_task_yaml(info))
+        for path, config in task_files(info.task_yaml, read_task_yaml(info)):
+            check_task_functions(path, config)
     run_checks = run_checks or builtin(info)
     if contract.check and not run_checks:
         check_source(info.folder, contract.check)

@@ -91,3 +91,20 @@ def test_an_installed_module_is_found_without_importing_it(tmp_path):
     check_reference(tmp_path, "math.sqrt", "here")  # a compiled module: its existence suffices
     with pytest.raises(Exception, match="defines no 'nope'"):
         check_reference(tmp_path, "json.nope", "here")
+
+
+@pytest.mark.parametrize("included, expected", [
+    ("process_docs: !function grading.nope\n",
+     "base.yaml: process_docs: 'grading.nope': {folder}/grading.py defines no 'nope'"),
+    ("include: task.yaml\n", "base.yaml: include 'task.yaml' includes itself again (a cycle)"),
+], ids=["a function of an included file", "an include cycle"])
+def test_included_task_files_are_read_as_data_too(tmp_path, monkeypatch, included, expected):
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    folder, marker = user_set(tmp_path)
+    (folder / "base.yaml").write_text(included)
+    task = folder / "task.yaml"
+    task.write_text("include: base.yaml\n" + task.read_text())
+    result, lines = validate(tmp_path)
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and expected.format(folder=folder) in lines[0], result.output
+    assert not marker.exists()
