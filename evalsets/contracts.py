@@ -23,7 +23,8 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from evalsets import userset
-from evalsets.spec import EvalSetInfo, EvalSetSpec
+from evalsets.spec import EVALSETS_DIR, EvalSetInfo, EvalSetSpec
+from evalsets.task_code import FunctionRef, check_reference, check_task_functions
 from evalsets.userset import LINE, read_rows
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
@@ -95,20 +96,52 @@ class _TaskLoader(StrictLoader):
     repeated key is an error, as in every YAML file quantgate reads."""
 
 
-_TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+_TaskLoader.add_constructor("!function",
+                            lambda loader, node: FunctionRef(loader.construct_scalar(node)))
 
 
 def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
     """The set's task.yaml (`!function` names kept as text); a user data file's equivalent."""
     if info.data_file is not None:
         return userset.task_yaml(info)
+    return _read_task_file(info.task_yaml)
+
+
+def _read_task_file(path: Path) -> dict[str, Any]:
     try:
-        config = yaml.load(info.task_yaml.read_text(), Loader=_TaskLoader)  # noqa: S506
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{info.task_yaml}: cannot read: {exc}".replace("\n", " ")) from exc
+        config = yaml.load(path.read_text(), Loader=_TaskLoader)  # noqa: S506
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: cannot read: {exc}".replace("\n", " ")) from exc
     if not isinstance(config, dict):
-        raise SpecError(f"{info.task_yaml}: expected a mapping at the top level")
+        raise SpecError(f"{path}: expected a mapping at the top level")
     return config
+
+
+MAX_INCLUDE_DEPTH = 16
+
+
+def task_files(task_yaml: Path, config: dict[str, Any],
+               within: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """The task.yaml and every file its `include:` names (lm-eval's reuse, relative to the
+    including file), each read as data; a cycle or a missing file is a SpecError."""
+    chain = (*within, task_yaml.resolve())
+    if len(chain) > MAX_INCLUDE_DEPTH:
+        raise SpecError(f"{task_yaml}: include nests more than {MAX_INCLUDE_DEPTH} files deep")
+    found = [(task_yaml, config)]
+    names = config.get("include")
+    names = [] if names is None else [names] if isinstance(names, str) else names
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        raise SpecError(f"{task_yaml}: include is {config.get('include')!r}; name a YAML file, or "
+                        "a list of them, relative to this one")
+    for name in names:
+        path = task_yaml.parent / name
+        if path.resolve() in chain:
+            raise SpecError(f"{task_yaml}: include {name!r} includes itself again (a cycle); "
+                            "remove the include")
+        if not path.is_file():
+            raise SpecError(f"{task_yaml}: include {name!r}: no such file {path}")
+        found += task_files(path, _read_task_file(path), chain)
+    return found
 
 
 def _template_fields(template: object) -> list[str]:
@@ -285,11 +318,9 @@ def check_groups(spec: EvalSetSpec, contract: Contract) -> None:
 
 
 def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
-    """The set's own row checker, `module.function` from a file in its folder."""
+    """The set's own row checker, `module.function` from a file in its folder (imported)."""
     module_name, function = check.split(".")
-    source = folder / f"{module_name}.py"
-    if not source.is_file():
-        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: no {source.name} in the folder")
+    source = check_source(folder, check)
     name = f"_quantgate_check_{abs(hash(str(source.resolve())))}"
     module = sys.modules.get(name)
     if module is None:
@@ -303,18 +334,41 @@ def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
     return getattr(module, function)
 
 
-def validate_set(spec: EvalSetSpec) -> int:
-    """Validate every data file of one set; returns the rows of the spec's groups (its pool)."""
+def check_source(folder: Path, check: str) -> Path:
+    """The file of a contract's `check`, read as text: it exists and defines the function."""
+    source = folder / f"{check.split('.')[0]}.py"
+    if not source.is_file():
+        raise SpecError(f"{folder / CONTRACT_FILE}: check {check!r}: no {source.name} in the folder")
+    check_reference(folder, check, f"{folder / CONTRACT_FILE}: check")
+    return source
+
+
+def builtin(info: EvalSetInfo) -> bool:
+    """A set shipped in quantgate's own evalsets/ folder: its code is quantgate's, not a user's."""
+    return info.data_file is None and info.folder.resolve().parent == EVALSETS_DIR
+
+
+def validate_set(spec: EvalSetSpec, run_checks: bool = False) -> int:
+    """Validate every data file of one set; returns the rows of the spec's groups (its pool).
+
+    A user folder's code (its `!function`s, its contract's `check`) is read as text unless
+    `run_checks` (a run, which imports it to score anyway): `validate` runs no user code."""
     info = spec.info
     contract = load_contract(info)
     check_groups(spec, contract)
+    if info.data_file is None:
+        for path, config in task_files(info.task_yaml, read_task_yaml(info)):
+            check_task_functions(path, config)
+    run_checks = run_checks or builtin(info)
+    if contract.check and not run_checks:
+        check_source(info.folder, contract.check)
     rows = 0
     for path in data_files(info):
         frame = _read_rows(path)
         if frame.empty:
             raise SpecError(f"{path}: no rows")
         validate_frame(frame, contract, str(path))
-        if contract.check:
+        if contract.check and run_checks:
             row_check(info.folder, contract.check)(path)
         if info.data_file is not None:
             userset.check_rows(info, read_rows(path))
@@ -324,11 +378,11 @@ def validate_set(spec: EvalSetSpec) -> int:
     return rows
 
 
-def validate_sets(sets: list[EvalSetSpec]) -> dict[str, int]:
+def validate_sets(sets: list[EvalSetSpec], run_checks: bool = False) -> dict[str, int]:
     """Every selected set against its contract, before any engine starts (raises SpecError).
 
     Returns the items each set can draw on (its pool), by name."""
-    return {spec.name: validate_set(spec) for spec in sets}
+    return {spec.name: validate_set(spec, run_checks) for spec in sets}
 
 
 def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,

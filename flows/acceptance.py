@@ -44,7 +44,7 @@ from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
 from gates.verdict import Verdict
 from gates.whatif import workload_from_profile
-from infra.checkpoint import check_checkpoint, check_same_chat_template, model_shape
+from infra.checkpoint import check_checkpoint, check_same_chat_template, check_same_tokenizer, model_shape
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -62,12 +62,14 @@ from load.runner import run_load
 class Prepared:
     """Everything checked before any engine starts."""
 
-    def __init__(self, spec_path: Path) -> None:
+    def __init__(self, spec_path: Path, run_checks: bool = False) -> None:
+        """`run_checks`: also import and run a user eval set's own row checker (a run, which
+        imports its code to score anyway); without it the set's code is only read."""
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
         self.api_key = engine_api_key(self.spec.engine)  # its clients send it; never stored
         self.stages: list[Stage] = plan(self.spec)
-        self.pools: dict[str, int] = validate_sets(self.spec.evalsets)
+        self.pools: dict[str, int] = validate_sets(self.spec.evalsets, run_checks)
         check_chat_template(self.spec.evalsets, self.spec.chat_template)
         for stage in self.stages:
             if stage.structured_output:
@@ -85,6 +87,8 @@ class Prepared:
                     axes = stage.axes
                     check_cpu_servable(stage.name, axes.weights, axes.activations, axes.kv_cache,
                                        axes.emulated, flags)
+        for stage in self.stages[1:]:  # as the chat template: found now, not after both ran
+            check_same_tokenizer(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         if self.spec.chat_template:  # the comparability gate would find it after both stages ran
             for stage in self.stages[1:]:
                 check_same_chat_template(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
@@ -548,7 +552,7 @@ _CHECKED: dict[str, Prepared] = {}
 
 def checked(spec_path: Path) -> Prepared:
     """Check a spec before Prefect starts; the flow then reuses it instead of checking again."""
-    prepared = Prepared(spec_path)
+    prepared = Prepared(spec_path, run_checks=True)
     _CHECKED[str(spec_path.resolve())] = prepared
     return prepared
 
@@ -562,7 +566,7 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
     """
     settings = Settings()
     path = Path(spec_path)
-    prepared = _CHECKED.pop(str(path.resolve()), None) or Prepared(path)
+    prepared = _CHECKED.pop(str(path.resolve()), None) or Prepared(path, run_checks=True)
     spec = prepared.spec
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}-{uuid.uuid4().hex[:6]}"

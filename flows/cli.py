@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -143,11 +144,15 @@ def run(
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
     from flows.acceptance import acceptance, checked
+    from flows.interrupt import install
     from flows.settings import check_writable, load_settings
 
     try:
         checked(spec)  # fail fast, before Prefect and any engine start
-        check_writable(load_settings())  # not an hour in, after the engines measured
+        settings = load_settings()
+        check_writable(settings)  # not an hour in, after the engines measured
+        started = time.time()
+        install(lambda: _kept_on_interrupt(spec, settings, started))
         verdict = acceptance(str(spec), no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
@@ -626,6 +631,23 @@ def prepare_candidates(
         fail(str(err))
 
 
+def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
+    """The interrupted run's last line: what stopped, what was kept, how to resume."""
+    import json
+
+    results = settings.results_dir.resolve()
+    done = []
+    for path in sorted(results.glob("*/*/stage.json")):
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_mtime >= started and json.loads(path.read_text()).get("error") is None:
+                done.append(path.parent.name)  # measured by this run, and so in the stage cache
+    kept = (f"measured stage(s) {', '.join(done)} kept in the stage cache "
+            f"{settings.stage_cache_dir}" if done else "no stage had finished")
+    return (f"`quantgate run {spec}` stopped and its engines with it; {kept}; partial results "
+            f"under {results}; run the same command again to resume (stored stages are reused, "
+            "not measured again)")
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Raising unwinds the flow: engines are stopped and MLflow runs marked FAILED on the way out.
     raise SystemExit(128 + signum)
@@ -636,7 +658,7 @@ def main() -> None:
     that escapes (a bug, a broken install) is an error, exit 2."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        app()
+        _app()
     except KeyboardInterrupt:
         sys.exit(130)
     except OSError as err:
@@ -654,6 +676,16 @@ def main() -> None:
                           f"(a bug; the traceback is above{escape(_kept_results())})",
                           highlight=False, soft_wrap=True)
         sys.exit(2)
+
+
+def _app() -> None:
+    from flows.interrupt import finish, interrupted
+
+    try:
+        app()
+    finally:
+        if interrupted() is not None:  # `run` was interrupted: one line and a bounded exit
+            finish()
 
 
 def _kept_results() -> str:

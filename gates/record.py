@@ -154,7 +154,17 @@ class StageRecord(BaseModel):
 
     @classmethod
     def read(cls, folder: Path) -> StageRecord:
-        return read_record(folder / "stage.json", cls)
+        path = folder / "stage.json"
+        record = read_record(path, cls)
+        if record.comparability is None and record.error is None:
+            # Every stage this layout measured records what it was served: a null here would
+            # skip the comparability rule as "not recorded", a pass nobody checked.
+            raise StoredRecordError(
+                f"{path}: comparability is null in a stage that finished (error is null); "
+                "quantgate records what every measured stage was served, so the rule cannot be "
+                "skipped: the record was edited or written by an older quantgate: re-run the "
+                "acceptance")
+        return record
 
 
 class RunManifest(BaseModel):

@@ -52,7 +52,7 @@ def check_checkpoint(checkpoint: Path) -> None:
     for path in sorted(checkpoint.iterdir()):
         if path.suffix in WEIGHT_SUFFIXES and path.is_file() and path.stat().st_size == 0:
             raise CheckpointError(f"{path} is empty (0 bytes); copy the checkpoint's weights again")
-    check_safetensors(checkpoint)
+    check_safetensors(checkpoint, read_config(checkpoint))
     check_tokenizer(checkpoint)
 
 
@@ -152,6 +152,40 @@ def check_same_chat_template(stage: str, checkpoint: Path, baseline: Path) -> No
     raise CheckpointError(f"stage {stage!r}: chat template {mine_at} differs from the baseline's "
                           f"{theirs_at}{detail}; the comparability gate would fail the stage "
                           f"after both ran, and no stage option accepts another template: {fix}")
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_same_tokenizer(stage: str, checkpoint: Path, baseline: Path) -> None:
+    """A stage must ship the baseline's tokenizer files, byte for byte (what the comparability
+    gate hashes): else its items are tokenized differently and the gate fails it after both ran."""
+    if checkpoint.resolve() == baseline.resolve():
+        return
+    for name in TOKENIZER_FILES:
+        mine, theirs = checkpoint / name, baseline / name
+        if not mine.is_file() and not theirs.is_file():
+            continue
+        if not theirs.is_file():
+            raise CheckpointError(f"stage {stage!r}: {mine} has no counterpart in the baseline "
+                                  f"({theirs} is missing); the stage would be tokenized "
+                                  f"differently: remove {mine} or give the stage the baseline's "
+                                  "tokenizer files")
+        if not mine.is_file():
+            raise CheckpointError(f"stage {stage!r}: {mine} is missing but the baseline ships "
+                                  f"{theirs}; the stage would be tokenized differently: copy "
+                                  f"{theirs} into {checkpoint}")
+        a, b = _file_digest(mine), _file_digest(theirs)
+        if a != b:
+            raise CheckpointError(f"stage {stage!r}: tokenizer file {mine} (sha256 {a[:12]}) "
+                                  f"differs from the baseline's {theirs} (sha256 {b[:12]}); the "
+                                  "comparability gate would fail the stage after both ran: copy "
+                                  f"{theirs} into {checkpoint}")
 
 
 SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size",

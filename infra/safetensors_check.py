@@ -9,6 +9,7 @@ the file. Only headers are read, never the weights.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,11 @@ def _header(path: Path) -> tuple[dict[str, Any], int, int]:
 
 def tensor_names(path: Path) -> set[str]:
     """The tensors a safetensors file holds, once its header has been checked against the file."""
+    return set(tensor_shapes(path))
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """{tensor: (dtype, shape)} of a safetensors file, once its header has been checked."""
     header, data_start, size = _header(path)
     metadata = header.pop("__metadata__", None)
     if metadata is not None and not (isinstance(metadata, dict)
@@ -101,16 +107,19 @@ def tensor_names(path: Path) -> set[str]:
     if data_start + end != size:
         raise CheckpointError(f"{path} is {size} bytes but its header accounts for "
                               f"{data_start + end}; {REMAKE}")
-    return set(header)
+    return {name: (info["dtype"], info["shape"]) for name, info in header.items()}
 
 
-def check_safetensors(checkpoint: Path) -> None:
+def check_safetensors(checkpoint: Path, config: dict[str, Any] | None = None) -> None:
     """Every safetensors file the engine will load is whole; with an index, every file it names
-    exists and every weight it maps is in that file's header."""
+    exists and every weight it maps is in that file's header; with `config` (config.json), the
+    shapes it fixes (embeddings, norms, layer count) are the weights' shapes."""
     index_path = checkpoint / INDEX
+    shapes: dict[str, tuple[str, list[int], Path]] = {}
     if not index_path.exists():
         for path in sorted(checkpoint.glob("*.safetensors")):
-            tensor_names(path)
+            shapes |= {name: (*found, path) for name, found in tensor_shapes(path).items()}
+        check_shapes(checkpoint, shapes, config)
         return
     index = read_json(index_path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -128,10 +137,52 @@ def check_safetensors(checkpoint: Path) -> None:
                                   f"{f' and {len(weights) - 1} more' if len(weights) > 1 else ''} "
                                   f"to {file}, which is not in {checkpoint}; copy the missing "
                                   "shard")
-        names = tensor_names(path)
-        missing = [w for w in weights if w not in names]
+        found = tensor_shapes(path)
+        missing = [w for w in weights if w not in found]
         if missing:
             raise CheckpointError(f"{index_path}: weight_map maps {missing[0]!r} to {file}, whose "
                                   f"header does not list it ({len(missing)} of {len(weights)} "
                                   "missing); the index belongs to other shards: copy the "
                                   "checkpoint again, index and shards together")
+        shapes |= {name: (*info, path) for name, info in found.items()}
+    check_shapes(checkpoint, shapes, config)
+
+
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_shapes(checkpoint: Path, shapes: dict[str, tuple[str, list[int], Path]],
+                 config: dict[str, Any] | None) -> None:
+    """The shapes config.json fixes, where its keys and the usual (Llama-family) tensor names are
+    both there: embeddings and lm_head [vocab_size, hidden_size], the final norm [hidden_size],
+    and layers 0 .. num_hidden_layers - 1. Quantized (packed) tensors are not compared."""
+    if not config:
+        return
+    where = checkpoint / "config.json"
+    hidden, vocab, layers = (config.get(key) for key in ("hidden_size", "vocab_size",
+                                                         "num_hidden_layers"))
+    expected = {"model.norm.weight": ([hidden], "hidden_size")}
+    if _is_int(vocab) and _is_int(hidden):
+        expected["model.embed_tokens.weight"] = ([vocab, hidden], "vocab_size, hidden_size")
+        expected["lm_head.weight"] = ([vocab, hidden], "vocab_size, hidden_size")
+    for name, (shape, keys) in expected.items():
+        if name not in shapes or not all(map(_is_int, shape)):
+            continue
+        dtype, found, path = shapes[name]
+        if dtype in FLOAT_DTYPES and found != shape:
+            values = ", ".join(f"{key} {config[key]}" for key in keys.split(", "))
+            raise CheckpointError(f"{path} (safetensors header) tensor {name!r} has shape {found} "
+                                  f"but {where} says {values} (shape {shape}); the weights and "
+                                  "config.json are of different models: copy the checkpoint's "
+                                  "own config.json, or its own weights")
+    indices = {int(match.group(1)) for name in shapes if (match := _LAYER.match(name))}
+    if _is_int(layers) and indices and indices != set(range(layers)):
+        extra = sorted(indices - set(range(layers)))
+        missing = sorted(set(range(layers)) - indices)
+        detail = (f"layer {missing[0]} is missing ({len(missing)} missing)" if missing
+                  else f"they hold layer {extra[0]} ({len(extra)} beyond)")
+        raise CheckpointError(f"{checkpoint}: the weights hold {len(indices)} layers (model.layers."
+                              f"N, N up to {max(indices)}) but {where} says num_hidden_layers "
+                              f"{layers}: {detail}; copy the checkpoint's own config.json, or "
+                              "copy its missing shards")

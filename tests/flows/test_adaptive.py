@@ -15,6 +15,7 @@ from gates.policy import GatePolicy
 from gates.record import StageRecord
 from infra.engine import EngineFacts
 from tests.flows.test_spec import write_spec
+from tests.gates.records import asked_as
 
 POLICY = GatePolicy()
 
@@ -51,7 +52,7 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
                                 evalsets=[{"name": "math", "limit": 40}]))
     baseline, control = plan(spec)
     results = tmp_path / "run"
-    StageRecord(name="baseline", kind="baseline", parent=None, axes={},
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={}, comparability=asked_as(40),
                 quality=answers("math", [truth(i) for i in range(40)])).save(results / "baseline")
     scored: list[tuple[str, int, int]] = []
 

@@ -54,6 +54,7 @@ def external(spec: dict, **engine) -> None:
 
 def w4_stage(spec: dict, tmp_path: Path) -> None:
     w4 = make_checkpoint(tmp_path / "models" / "w4", W4A16)
+    tiny_tokenizer(w4 / "tokenizer.json")  # the baseline's, as a quantized copy ships it
     spec["stages"] = [{"name": "w4", "kind": "weights", "checkpoint": str(w4)}]
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from evalsets.results import Divergence, PairedTokens, QualityItem, QualityResult, TaskQuality
+from gates.comparability import Comparability, SetSettings
 from gates.record import StageRecord
 from infra.engine import EngineFacts
 from load.results import LoadResult, LoadSample, LoadSummary, PairedLoad, PairedRound
@@ -146,8 +147,15 @@ def record(
     return StageRecord(
         name=name, kind="baseline" if parent is None else kind, parent=parent,
         axes=axes or dict(UNQUANTIZED), facts=facts, quality=quality, load=load,
-        fingerprint=f"fp-{name}", paired_load=paired_load,
+        fingerprint=f"fp-{name}", paired_load=paired_load, comparability=asked_as(len(scores)),
     )
+
+
+def asked_as(items: int) -> Comparability:
+    """What every synthetic stage was served and sent: the same template, tokenizer, settings."""
+    return Comparability(chat_template="a" * 16, tokenizer="b" * 16, load_profile="c" * 16,
+                         load_prompts="random token ids, 128 per prompt",
+                         sets={"math": SetSettings(generation={"max_gen_toks": 256}, items=items)})
 
 
 def chain(n: int = 120) -> list[StageRecord]:

@@ -183,6 +183,23 @@ def test_comparability_deleted_from_every_record_is_refused_not_a_silent_go(tmp_
         "the verdict reads; the record was edited or damaged: re-run the acceptance")
 
 
+def test_comparability_null_in_a_finished_stage_is_refused_not_read_as_not_recorded(tmp_path):
+    run = stored_run(tmp_path)
+    edit(run / "w" / "stage.json", lambda data: data.update(comparability=None))
+    assert refused(run) == (
+        f"error: {run / 'w' / 'stage.json'}: comparability is null in a stage that finished "
+        "(error is null); quantgate records what every measured stage was served, so the rule "
+        "cannot be skipped: the record was edited or written by an older quantgate: re-run the "
+        "acceptance")
+
+
+def test_comparability_null_in_a_stage_that_did_not_finish_is_judged_a_failure(tmp_path):
+    run = stored_run(tmp_path)
+    edit(run / "a" / "stage.json", lambda data: data.update(comparability=None, error="died"))
+    code, lines = gate(run)
+    assert code == 1 and "ROLLBACK" in lines[1], lines
+
+
 @pytest.mark.parametrize("field", ["emulated", "error", "facts", "quality", "load", "paired_load",
                                    "comparability"])
 def test_every_field_the_verdict_reads_must_be_in_the_record(tmp_path, field):

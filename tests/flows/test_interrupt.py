@@ -1,0 +1,148 @@
+"""Ctrl-C during `quantgate run`: exit 130, one line saying what was kept, no process left behind.
+
+The run is real down to the engine: the CLI in its own process, Prefect's temporary server,
+MLflow, lm-eval; the engine is an external one, a fake whose chat route never answers, so the
+interrupt lands where a run spends its time (waiting on the engine) and no vLLM starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from tests.evalsets.chat_fake import FakeChat, _ChatHandler
+from tests.flows.test_bad_inputs import base_spec
+
+ROOT = Path(__file__).parents[2]
+# Generous bounds on the waits, not measurements: the promise is 15 s after the signal.
+START_WAIT_S = 300
+EXIT_WAIT_S = 60
+
+
+class _Hanging(_ChatHandler):
+    def do_POST(self) -> None:
+        if self.path != "/v1/chat/completions":
+            super().do_POST()
+            return
+        fake = self.server_state
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        with fake._lock:
+            fake.requests.append(body)
+        fake.release.wait(EXIT_WAIT_S * 2)
+
+
+class HangingChat(FakeChat):
+    """An engine that takes every chat request and never answers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    @staticmethod
+    def handler() -> type:
+        return _Hanging
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return os.environ | {
+        "PYTHONPATH": str(ROOT), "QG_RESULTS_DIR": str(tmp_path / "results"),
+        "QG_REPORTS_DIR": str(tmp_path / "reports"), "QG_CACHE_DIR": str(tmp_path / "cache"),
+        "QG_STATE_DIR": str(tmp_path / "state"),
+        "QG_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+        "PREFECT_HOME": str(tmp_path / "prefect"), "COLUMNS": "200"}
+
+
+def _interrupt_when(process: subprocess.Popen, ready, sig: int) -> tuple[int, list, float]:
+    """Wait for `ready()`, signal the process group as a terminal does; (exit code, the
+    processes it had started, seconds to exit)."""
+    deadline = time.monotonic() + START_WAIT_S
+    while not ready() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None and ready(), "the run ended or never reached its engine"
+    children = psutil.Process(process.pid).children(recursive=True)
+    sent = time.monotonic()
+    os.killpg(process.pid, sig)
+    try:
+        code = process.wait(EXIT_WAIT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return code, children, time.monotonic() - sent
+
+
+def _alive(processes: list) -> list:
+    gone, alive = psutil.wait_procs(processes, timeout=5)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ctrl_c_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path):
+    with HangingChat() as engine:
+        spec = base_spec(tmp_path)
+        spec["engine"] = {"kind": "external", "url": engine.base_url}
+        spec["stages"][0]["kind"] = "control"
+        del spec["stages"][0]["engine_flags"]
+        (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+        log = tmp_path / "out.txt"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "spec.yaml")],
+                cwd=tmp_path, env=_env(tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            before = [0]
+
+            def waiting_on_engine() -> bool:
+                before[0] = log.stat().st_size
+                return bool(engine.requests)
+
+            code, children, seconds = _interrupt_when(process, waiting_on_engine, signal.SIGINT)
+        engine.release.set()
+    after = log.read_bytes()[before[0]:].decode(errors="replace")
+    lines = [line for line in after.splitlines() if line.strip()]
+    assert code == 130, after
+    assert children, "the run had started no process (Prefect's server): nothing was tested"
+    assert _alive(children) == []
+    assert len(lines) == 1 and lines[0].startswith("interrupted by Ctrl-C: `quantgate run"), after
+    assert f"partial results under {(tmp_path / 'results').resolve()}" in lines[0]
+    assert "no stage had finished" in lines[0]
+    assert seconds < EXIT_WAIT_S
+
+
+def test_a_library_thread_that_never_ends_does_not_keep_the_process(tmp_path):
+    """The watchdog: SIGTERM while a non-daemon thread blocks and a child runs; the process
+    still ends (143), the child is stopped, and the line is the only output after the signal."""
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from flows import interrupt
+        interrupt.install(lambda: "kept nothing")
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        threading.Thread(target=threading.Event().wait).start()  # never ends, not a daemon
+        print("ready", flush=True)
+        try:
+            time.sleep(600)
+        except KeyboardInterrupt:
+            import logging
+            logging.getLogger("lib").error("a library's reaction, muted")
+            raise RuntimeError("a traceback nobody should read")
+    """))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    assert process.stdout.readline() == "ready\n"
+    children = psutil.Process(process.pid).children(recursive=True)
+    code, _, _ = _interrupt_when(process, lambda: True, signal.SIGTERM)
+    rest = process.stdout.read()
+    assert code == 143, rest
+    assert [line for line in rest.splitlines() if line.strip()] == [
+        "interrupted by SIGTERM: kept nothing"]
+    assert children and _alive(children) == []
