@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from evalsets import userset
+from evalsets import lmeval_task, userset
 from evalsets.spec import EvalSetInfo, EvalSetSpec
 from evalsets.userset import LINE, read_rows
 from infra.errors import SpecError, did_you_mean
@@ -100,6 +100,8 @@ _TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_s
 
 def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
     """The set's task.yaml (`!function` names kept as text); a user data file's equivalent."""
+    if info.lm_eval is not None:
+        return lmeval_task.raw_config(info.lm_eval)
     if info.data_file is not None:
         return userset.task_yaml(info)
     try:
@@ -117,7 +119,10 @@ def _template_fields(template: object) -> list[str]:
 
 def load_contract(info: EvalSetInfo) -> Contract:
     """The set's `contract.yaml`, or the contract implied by its `task.yaml` (or by a user data
-    file's declared fields)."""
+    file's declared fields); an lm-eval task's items are its docs, by lm-eval's identity."""
+    if info.lm_eval is not None:
+        return Contract(id="doc_id", prompt=_template_fields(
+            read_task_yaml(info).get("doc_to_text")) or ["doc"])
     if info.data_file is not None:
         return userset.contract(info)
     path = info.folder / CONTRACT_FILE
@@ -134,7 +139,10 @@ def load_contract(info: EvalSetInfo) -> Contract:
 
 
 def data_files(info: EvalSetInfo) -> list[Path]:
-    """The set's local data files (relative paths are read from the set's folder)."""
+    """The set's local data files (relative paths are read from the set's folder); none for an
+    lm-eval task, whose data lm-eval reads (evalsets.lmeval_task.check_data checks them)."""
+    if info.lm_eval is not None:
+        return []
     config = read_task_yaml(info)
     files = (config.get("dataset_kwargs") or {}).get("data_files")
     if isinstance(files, dict):
@@ -306,6 +314,8 @@ def row_check(folder: Path, check: str) -> Callable[[Path], Any]:
 def validate_set(spec: EvalSetSpec) -> int:
     """Validate every data file of one set; returns the rows of the spec's groups (its pool)."""
     info = spec.info
+    if info.lm_eval is not None:
+        return lmeval_task.check_data(spec).pool
     contract = load_contract(info)
     check_groups(spec, contract)
     rows = 0
