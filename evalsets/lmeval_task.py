@@ -38,7 +38,8 @@ _SPLIT_KEYS = ("test_split", "validation_split", "training_split", "fewshot_spli
 
 @contextlib.contextmanager
 def offline() -> Iterator[None]:
-    """No Hub access: the environment for lm-eval and datasets, and their already-read flags."""
+    """No Hub access: the environment for lm-eval and datasets, and their already-read flags;
+    datasets' progress bars off."""
     saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     os.environ.update({key: "1" for key in saved})
     import datasets.config
@@ -49,9 +50,13 @@ def offline() -> Iterator[None]:
     before = [getattr(module, name) for module, name in flags]
     for module, name in flags:
         setattr(module, name, True)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # "Generating test split": not a line for validate's reader
     try:
         yield
     finally:
+        if bars:
+            datasets.enable_progress_bars()
         for (module, name), value in zip(flags, before, strict=True):
             setattr(module, name, value)
         for key, value in saved.items():
