@@ -149,3 +149,25 @@ def test_a_perplexity_task_is_refused_in_one_line():
                                         r"quantgate does not run \(it runs generate_until, "
                                         r"multiple_choice, loglikelihood"):
         runner.load_task_config(spec)
+
+
+def test_run_quality_stores_a_named_task_beside_a_built_in_set(tmp_path):
+    """The stage's quality run as the flow calls it: the server checked, lengths counted with the
+    model's tokenizer, both sets stored and read back."""
+    spec = EvalSetSpec.model_validate({"lm_eval": "gsm8k", "num_fewshot": 0,
+                                       "data": str(gsm8k(tmp_path / "gsm", n=4))})
+    math = EvalSetSpec(name="math", limit=3)
+    fake = answering("#### 4")
+    try:
+        result = runner.run_quality(fake.base_url, "fake-model", [math, spec], tmp_path / "q",
+                                    tokenizer_dir(tmp_path / "tok"), with_perplexity=False,
+                                    max_model_len=4096)
+    finally:
+        fake.stop()
+    stored = QualityResult.read(tmp_path / "q")
+    assert set(stored.tasks) == set(result.tasks) == {"math", "gsm8k"}
+    gsm = stored.tasks["gsm8k"]
+    assert [item.score for item in gsm.items] == [0.0, 1.0, 0.0, 0.0]
+    assert all(item.output_tokens == 1 and item.finish_reason == "stop" for item in gsm.items)
+    assert (tmp_path / "q" / "samples_gsm8k.jsonl").is_file()
+    assert (tmp_path / "q" / "gsm8k" / runner.SAMPLES_FILE).is_file()  # lm-eval's own log
