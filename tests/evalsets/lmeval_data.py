@@ -28,3 +28,18 @@ def arc_easy(folder: Path) -> Path:
             {"id": "double", "question": "Ticket : double charge", "answerKey": "A",
              "choices": {"text": ["billing", "shipping"], "label": ["A", "B"]}}]
     return write_splits(folder, rows, ("test", "validation", "train"))
+
+
+def gsm8k_repository(folder: Path, n: int = 30) -> Path:
+    """A copy of GSM8K's Hub repository as `git clone` leaves it: Parquet shards per config,
+    the README's `configs` saying which files are which split."""
+    import pandas as pd
+
+    (folder / "main").mkdir(parents=True)
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"} for i in range(1, n + 1)]
+    for split in ("train", "test"):
+        pd.DataFrame(rows).to_parquet(folder / "main" / f"{split}-00000-of-00001.parquet")
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n"
+        "    path: main/train-*\n  - split: test\n    path: main/test-*\n---\n# gsm8k\n")
+    return folder

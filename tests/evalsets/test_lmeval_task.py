@@ -15,7 +15,7 @@ from gates.recovery import recovery_table
 from gates.report import flipped_items
 from infra.errors import SpecError
 from tests.evalsets.chat_fake import FakeChat
-from tests.evalsets.lmeval_data import arc_easy, gsm8k
+from tests.evalsets.lmeval_data import arc_easy, gsm8k, gsm8k_repository
 from tests.evalsets.test_userset_choice import server, tokenizer_dir  # noqa: F401 (a fixture)
 
 
@@ -87,6 +87,14 @@ def test_validate_counts_the_docs_and_says_where_they_came_from(tmp_path):
     assert lmeval_task.check_data(spec).line("gsm8k") == (
         f"eval set gsm8k: lm-eval task gsm8k (generate_until, filter strict-match), 8 items, "
         f"data offline from {folder}")
+
+
+def test_a_copy_of_the_hub_repository_is_read_by_its_own_configs(tmp_path):
+    folder = gsm8k_repository(tmp_path / "openai-gsm8k", n=30)
+    spec = EvalSetSpec.model_validate({"lm_eval": "gsm8k", "data": str(folder)})
+    config = runner.load_task_config(spec)
+    assert (config["dataset_path"], config["dataset_name"]) == (str(folder), "main")
+    assert validate_sets([spec]) == {"gsm8k": 30}
 
 
 def test_gsm8k_runs_through_lm_evals_own_config_paired_on_its_doc_identity(tmp_path):
