@@ -130,7 +130,14 @@ def task_config(spec: Any) -> dict[str, Any]:
     a local data folder, the few-shot count, the generation budget."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    config = load_yaml(task_yaml(spec.lm_eval), resolve_func=True)
+    path = task_yaml(spec.lm_eval)
+    try:  # its `!function` modules are imported: some load a metric or data of their own
+        with offline():
+            config = load_yaml(path, resolve_func=True)
+    except Exception as exc:  # noqa: BLE001 - whatever a task's own module raises
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise SpecError(f"lm_eval: task {spec.lm_eval!r}: its config ({path}) cannot be loaded "
+                        f"offline: {type(exc).__name__}: {first}") from exc
     for key in ("tag", "group", "task_list"):
         config.pop(key, None)
     kind = config.get("output_type", "generate_until")

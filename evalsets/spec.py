@@ -82,7 +82,8 @@ class EvalSetSpec(BaseModel):
     model_config = {"extra": "forbid"}
 
     name: str = Field(description="A built-in eval set (a folder under evalsets/), e.g. 'math'; "
-                                  "with `path`, the label of your own set in results and reports.")
+                                  "with `path` or `lm_eval`, the set's label in results and "
+                                  "reports (default for `lm_eval`: the task's name).")
     path: Path | None = Field(
         default=None, description="Your own set: a folder with an lm-eval task.yaml, or a data "
                                   "file (.jsonl, .csv, .parquet) scored by `scorer`; relative to "

@@ -3,6 +3,8 @@ with flips and the recovery table as for any set (against small fake servers).""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from evalsets import lmeval_task, runner
@@ -179,3 +181,20 @@ def test_run_quality_stores_a_named_task_beside_a_built_in_set(tmp_path):
     assert all(item.output_tokens == 1 and item.finish_reason == "stop" for item in gsm.items)
     assert (tmp_path / "q" / "samples_gsm8k.jsonl").is_file()
     assert (tmp_path / "q" / "gsm8k" / runner.SAMPLES_FILE).is_file()  # lm-eval's own log
+
+
+def test_a_task_whose_own_code_needs_the_hub_is_refused_in_one_line(monkeypatch):
+    # lm-eval's humaneval imports a metric from the Hub ('code_eval') when its config is read;
+    # raised here as it is on a machine that never downloaded it.
+    import lm_eval.tasks._yaml_loader as loader
+
+    def needs_the_hub(path, **kwargs):
+        raise FileNotFoundError("Couldn't find a module script at code_eval/code_eval.py.\nMore")
+
+    monkeypatch.setattr(loader, "load_yaml", needs_the_hub)
+    spec = EvalSetSpec.model_validate({"lm_eval": "humaneval"})
+    with pytest.raises(SpecError) as err:
+        validate_sets([spec])
+    assert re.fullmatch(r"lm_eval: task 'humaneval': its config \(\S+/humaneval\.yaml\) cannot be "
+                        r"loaded offline: FileNotFoundError: Couldn't find a module script at "
+                        r"code_eval/code_eval\.py\.", str(err.value))
