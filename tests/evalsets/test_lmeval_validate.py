@@ -51,3 +51,12 @@ def test_a_chat_spec_refuses_a_log_likelihood_task(tmp_path):
     result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
     assert result.exit_code == 2
     assert "'arc_easy' (lm-eval arc_easy) is a multiple_choice task" in result.output
+
+
+def test_one_task_listed_twice_would_count_its_items_twice(tmp_path):
+    path = write_spec(tmp_path, evalsets=[{"lm_eval": "gsm8k"},
+                                          {"name": "gsm8k-8shot", "lm_eval": "gsm8k", "num_fewshot": 8}])
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert ("evalsets: 'gsm8k' and 'gsm8k-8shot' are the same data (lm-eval task gsm8k); its items "
+            "would count twice in the pooled test") in " ".join(result.output.split())
