@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from evalsets import userset
+from evalsets import lmeval_task, userset
 from evalsets.spec import EVALSETS_DIR, EvalSetInfo, EvalSetSpec
 from evalsets.task_code import FunctionRef, check_reference, check_task_functions
 from evalsets.userset import LINE, read_rows
@@ -102,6 +102,8 @@ _TaskLoader.add_constructor("!function",
 
 def read_task_yaml(info: EvalSetInfo) -> dict[str, Any]:
     """The set's task.yaml (`!function` names kept as text); a user data file's equivalent."""
+    if info.lm_eval is not None:
+        return lmeval_task.raw_config(info.lm_eval)
     if info.data_file is not None:
         return userset.task_yaml(info)
     return _read_task_file(info.task_yaml)
@@ -150,7 +152,10 @@ def _template_fields(template: object) -> list[str]:
 
 def load_contract(info: EvalSetInfo) -> Contract:
     """The set's `contract.yaml`, or the contract implied by its `task.yaml` (or by a user data
-    file's declared fields)."""
+    file's declared fields); an lm-eval task's items are its docs, by lm-eval's identity."""
+    if info.lm_eval is not None:
+        return Contract(id="doc_id", prompt=_template_fields(
+            read_task_yaml(info).get("doc_to_text")) or ["doc"])
     if info.data_file is not None:
         return userset.contract(info)
     path = info.folder / CONTRACT_FILE
@@ -167,7 +172,10 @@ def load_contract(info: EvalSetInfo) -> Contract:
 
 
 def data_files(info: EvalSetInfo) -> list[Path]:
-    """The set's local data files (relative paths are read from the set's folder)."""
+    """The set's local data files (relative paths are read from the set's folder); none for an
+    lm-eval task, whose data lm-eval reads (evalsets.lmeval_task.check_data checks them)."""
+    if info.lm_eval is not None:
+        return []
     config = read_task_yaml(info)
     files = (config.get("dataset_kwargs") or {}).get("data_files")
     if isinstance(files, dict):
@@ -354,6 +362,8 @@ def validate_set(spec: EvalSetSpec, run_checks: bool = False) -> int:
     A user folder's code (its `!function`s, its contract's `check`) is read as text unless
     `run_checks` (a run, which imports it to score anyway): `validate` runs no user code."""
     info = spec.info
+    if info.lm_eval is not None:
+        return lmeval_task.check_data(spec).pool
     contract = load_contract(info)
     check_groups(spec, contract)
     if info.data_file is None:

@@ -1,11 +1,13 @@
 """Quality measurement: run the eval sets with lm-eval against an OpenAI-compatible server.
 
 One lm-eval run per eval set (each set has its own item limit), then lm-eval's per-sample log
-is turned into `QualityItem` rows paired across stages by the item's own `id`.
+is turned into `QualityItem` rows paired across stages by the item's own `id` (an lm-eval task
+named by `lm_eval`: by lm-eval's document identity, evalsets/lmeval_task.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -39,7 +41,12 @@ def prompt_hash(prompt: str) -> str:
 
 def load_task_config(spec: EvalSetSpec) -> dict[str, Any]:
     """The set's task.yaml as an lm-eval config dict, data paths absolute, overrides applied; a
-    user data file's config is built in memory around its scorer (evalsets.userset)."""
+    user data file's config is built in memory around its scorer (evalsets.userset); a named
+    lm-eval task's is lm-eval's own (evalsets.lmeval_task)."""
+    if spec.lm_eval is not None:
+        from evalsets.lmeval_task import task_config
+
+        return task_config(spec)
     try:
         from lm_eval.tasks._yaml_loader import load_yaml  # resolves `!function` next to the yaml
     except ImportError as exc:
@@ -327,6 +334,10 @@ def run_evalset(
         from evalsets.userset import loglikelihood_model_args
 
         tokenizing |= loglikelihood_model_args(config, tokenizer_dir)
+    from evalsets import lmeval_task
+
+    # A named lm-eval task reads its data from the local cache or folder only, never the Hub.
+    data_access = lmeval_task.offline() if spec.lm_eval else contextlib.nullcontext()
     try:
         lm = recording_model(
             apply_chat_template,
@@ -339,15 +350,16 @@ def run_evalset(
             timeout=timeout_s,
             **tokenizing,
         )
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=[copy.deepcopy(config)],
-            task_manager=TaskManager(include_defaults=False),
-            apply_chat_template=apply_chat_template,
-            limit=limit,
-            log_samples=True,
-            bootstrap_iters=0,
-        )
+        with data_access:
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[copy.deepcopy(config)],
+                task_manager=TaskManager(include_defaults=False),
+                apply_chat_template=apply_chat_template,
+                limit=limit,
+                log_samples=True,
+                bootstrap_iters=0,
+            )
     except MeasurementError:
         raise
     except Exception as exc:  # lm-eval raises anything from HTTP errors to KeyErrors
@@ -360,8 +372,11 @@ def run_evalset(
         raise MeasurementError(f"quality: lm-eval returned no samples for {spec.name!r}")
 
     _save_raw(results, out_dir / (f"{spec.name}-from{start}" if start else spec.name))
+    samples = results["samples"][config["task"]]
+    if spec.lm_eval is not None:  # one filter's samples, each named by lm-eval's doc identity
+        samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config), start)
     items = samples_to_items(
-        results["samples"][config["task"]], metric, max_gen_toks, count_tokens, lm.server_finish,
+        samples, metric, max_gen_toks, count_tokens, lm.server_finish,
         group_field(spec), cluster_field(spec),
     )
     if not items:

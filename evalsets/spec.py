@@ -3,7 +3,8 @@
 A built-in set is a folder `evalsets/<name>/` holding an lm-eval `task.yaml` and its local data;
 adding a business, code or long-context set means adding such a folder, nothing else. A spec can
 also bring its own set by `path`: such a folder anywhere, or a plain data file (JSONL, CSV,
-Parquet) with a declared scorer (evalsets/scorers.py, evalsets/userset.py).
+Parquet) with a declared scorer (evalsets/scorers.py, evalsets/userset.py); or name one of
+lm-eval's own tasks (`lm_eval: gsm8k`, evalsets/lmeval_task.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class EvalSetInfo:
     id_field: str = "id"
     group_field: str | None = None
     cluster_field: str | None = None
+    lm_eval: str | None = None  # an lm-eval task by name: its config and data are lm-eval's
 
     @property
     def task_yaml(self) -> Path:
@@ -80,7 +82,8 @@ class EvalSetSpec(BaseModel):
     model_config = {"extra": "forbid"}
 
     name: str = Field(description="A built-in eval set (a folder under evalsets/), e.g. 'math'; "
-                                  "with `path`, the label of your own set in results and reports.")
+                                  "with `path` or `lm_eval`, the set's label in results and "
+                                  "reports (default for `lm_eval`: the task's name).")
     path: Path | None = Field(
         default=None, description="Your own set: a folder with an lm-eval task.yaml, or a data "
                                   "file (.jsonl, .csv, .parquet) scored by `scorer`; relative to "
@@ -107,7 +110,28 @@ class EvalSetSpec(BaseModel):
         description="Use only items of these groups (e.g. long-context buckets '512', '1k').",
     )
 
-    resolve = field_validator("path")(resolve_path)
+    lm_eval: str | None = Field(
+        default=None, description="One of lm-eval's own tasks by name (e.g. 'gsm8k'), run with "
+        "lm-eval's task config and paired on its document identity; `name` defaults to it.")
+    num_fewshot: int | None = Field(
+        default=None, ge=0, description="lm_eval: few-shot examples per prompt (default: the "
+                                        "task's own).")
+    filter: str | None = Field(
+        default=None, description="lm_eval: which of the task's answer filters scores (e.g. "
+                                  "gsm8k's 'flexible-extract'; default: its first).")
+    data: Path | None = Field(
+        default=None, description="lm_eval: a local folder with the task's data instead of the "
+        "Hugging Face cache: one file per split it reads (test.jsonl, train.jsonl, or .parquet, "
+        ".csv), or a copy of the dataset's Hub repository; relative to the spec file.")
+
+    resolve = field_validator("path", "data")(resolve_path)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_by_task(cls, value: object) -> object:
+        if isinstance(value, dict) and value.get("lm_eval") and "name" not in value:
+            return value | {"name": value["lm_eval"]}
+        return value
 
     def first_look(self, pool: int) -> int:
         """Items scored at the first look, of a set holding `pool`: its limit, within the pool."""
@@ -116,6 +140,12 @@ class EvalSetSpec(BaseModel):
     @model_validator(mode="after")
     def _known(self) -> EvalSetSpec:
         sets = registry()
+        if self.lm_eval is not None:
+            return self._named_task(sets)
+        named = [f for f in ("num_fewshot", "filter", "data") if getattr(self, f) is not None]
+        if named:
+            raise ValueError(f"eval set {self.name!r}: {', '.join(named)} only apply to an "
+                             "lm-eval task named by `lm_eval`")
         if self.path is None:
             if self.name not in sets:
                 # ValueError so pydantic reports the field; callers see the valid names.
@@ -156,8 +186,35 @@ class EvalSetSpec(BaseModel):
         _USER_SETS[self.name] = self.info
         return self
 
+    def _named_task(self, sets: dict[str, EvalSetInfo]) -> EvalSetSpec:
+        from evalsets.lmeval_task import task_yaml
+
+        extra = [f for f in ("path", "scorer", "prompt_field", "id_field", "group_field",
+                             "cluster_field", "groups") if getattr(self, f) is not None]
+        if extra:
+            raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} do not apply to an "
+                             "lm-eval task (its config and data are lm-eval's; `data` points at "
+                             "a local copy)")
+        if self.name in sets:
+            raise ValueError(f"eval set name {self.name!r} is a built-in set; give the lm-eval "
+                             "task another `name` (it labels its results)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", self.name):
+            raise ValueError(f"eval set name {self.name!r}: letters, digits, '_' and '-' only "
+                             "(it names result folders and MLflow metrics); give `name`")
+        if self.data is not None and not self.data.is_dir():
+            raise ValueError(f"data {str(self.data)!r} is not a folder (it holds the task's "
+                             "splits, e.g. test.jsonl and train.jsonl)")
+        try:
+            task_yaml(self.lm_eval)
+        except SpecError as err:
+            raise ValueError(str(err)) from err
+        return self
+
     @property
     def info(self) -> EvalSetInfo:
+        if self.lm_eval is not None:
+            return EvalSetInfo(name=self.name, folder=self.data or EVALSETS_DIR,
+                               lm_eval=self.lm_eval)
         if self.path is None:
             return get_evalset(self.name)
         if self.path.is_dir():

@@ -23,6 +23,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from evalsets.lmeval_task import data_digest as lmeval_data_digest
 from evalsets.userset import data_digest
 from flows.plan import Stage, searches_capacity
 from flows.spec import Spec
@@ -79,6 +80,7 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
         "hardware": hardware(getattr(spec.engine, "device", "external")),
     }
     user_data = {s.name: data_digest(s.path) for s in spec.evalsets if s.path is not None}
+    user_data |= {s.name: lmeval_data_digest(s) for s in spec.evalsets if s.lm_eval is not None}
     if user_data:  # sets outside evalsets/ (not in `code`): by their content
         parts["evalset_data"] = user_data
     if stage.request_options:  # a structured_output stage: same serving, other requests

@@ -97,6 +97,11 @@ def validate(spec: Path) -> None:
         table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
                       stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
     console.print(table)
+    from evalsets.lmeval_task import check_data
+
+    for evalset in prepared.spec.evalsets:  # where each named lm-eval task's data were found
+        if evalset.lm_eval is not None:
+            console.print(escape(check_data(evalset).line(evalset.name)), highlight=False)
     for plan in prepared.power:
         console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
     for whole in prepared.decision_power:

@@ -253,9 +253,11 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _sets_fit_the_endpoint(self) -> Spec:
+        from evalsets.lmeval_task import endpoint_problem
         from evalsets.userset import chat_template_problem
 
-        problem = chat_template_problem(self.evalsets, self.chat_template)
+        problem = (chat_template_problem(self.evalsets, self.chat_template)
+                   or endpoint_problem(self.evalsets, self.chat_template))
         if problem:
             raise ValueError(problem)
         return self
@@ -311,15 +313,18 @@ def _check_distinct_sets(sets: list[EvalSetSpec]) -> None:
     disk, their MLflow metrics in a reader's eye) and in their data: the same file or folder
     under two names would count its items twice in the pooled accuracy test."""
     seen_names: dict[str, str] = {}
-    seen_data: dict[tuple[int, int], str] = {}
+    seen_data: dict[tuple, str] = {}
     for evalset in sets:
         folded = evalset.name.casefold()
         if folded in seen_names and seen_names[folded] != evalset.name:
             raise ValueError(f"evalsets: {seen_names[folded]!r} and {evalset.name!r} differ only "
                              "in case; give them names that differ in letters")
         seen_names[folded] = evalset.name
-        data = (evalset.path or evalset.info.folder).resolve()
+        data = (evalset.path or evalset.data or evalset.info.folder).resolve()
         identity = (data.stat().st_dev, data.stat().st_ino)  # a symlink or hard link is the same
+        if evalset.lm_eval is not None:  # one task's docs, few-shot or filter aside
+            identity = ("lm_eval", evalset.lm_eval, *(identity if evalset.data else ()))
+            data = f"lm-eval task {evalset.lm_eval}" + (f" from {data}" if evalset.data else "")
         if identity in seen_data:
             raise ValueError(f"evalsets: {seen_data[identity]!r} and {evalset.name!r} are the same "
                              f"data ({data}); its items would count twice in the pooled test, "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gates import plots
+from gates import plots, recovery
 from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
@@ -344,6 +344,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
         "status_colors": plots.STATUS_COLORS, "methods": methods(policy),
+        "recovery": recovery.section(records, policy), "emulated_note": recovery.EMULATED_NOTE,
     }
 
 
@@ -362,7 +363,8 @@ def write_report(
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
     whatif_gpus: Sequence[str] = DEFAULT_GPUS,
 ) -> dict[str, Path]:
-    """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir.
+    """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
+    table, when it has quality results) and the figures (PNG) into out_dir.
 
     `run`: the results folder name of the run reported on (default: out_dir's name, as the flow
     names the two alike); a stage measured in another run came from the stage cache.
@@ -390,4 +392,8 @@ def write_report(
     paths = {"html": out_dir / "report.html", "md": out_dir / "report.md"}
     paths["html"].write_text(html)
     paths["md"].write_text(md)
+    card = recovery.model_card(records, policy, verdict.candidate)
+    if card is not None:
+        paths["model_card"] = out_dir / "model_card.md"
+        paths["model_card"].write_text(card)
     return paths | images

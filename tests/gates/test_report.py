@@ -56,7 +56,8 @@ def report(tmp_path_factory):
 
 def test_report_writes_html_markdown_and_every_figure(report):
     _, _, paths = report
-    assert set(paths) == {"html", "md", "forest", "long_context", "latency_cdf", "length_ratios"}
+    assert set(paths) == {"html", "md", "model_card", "forest", "long_context", "latency_cdf",
+                          "length_ratios"}
     for name in ("forest", "long_context", "latency_cdf", "length_ratios"):
         assert paths[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     parser = Ids()
