@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import plots
+from gates.context_curve import curve_tables
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Check, StageVerdict, Verdict
@@ -343,6 +344,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "policy_hash": hashlib.sha256(json.dumps(verdict.policy, sort_keys=True).encode())
         .hexdigest()[:16],
         "status_colors": plots.STATUS_COLORS,
+        "context_curves": curve_tables(records),
     }
 
 
