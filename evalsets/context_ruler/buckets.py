@@ -40,20 +40,23 @@ def nominal_lengths(max_model_len: int, shortest: int = SHORTEST) -> list[int]:
     return lengths
 
 
-def bucket_for(nominal: int, answer_tokens: int = ANSWER_TOKENS) -> Bucket:
+def bucket_for(nominal: int, answer_tokens: int = ANSWER_TOKENS,
+               template_tokens: int = TEMPLATE_MARGIN_TOKENS) -> Bucket:
     """The prompt-token bounds of one bucket: at most its nominal length less the chat template
-    margin and the answer budget (so the whole request fits a context of that length), at least
-    an eighth of the nominal length below that."""
-    high = nominal - TEMPLATE_MARGIN_TOKENS - answer_tokens
+    (at least the contracts' margin) and the answer budget, so the whole request fits a context
+    of that length; at least an eighth of the nominal length below that."""
+    template_tokens = max(template_tokens, TEMPLATE_MARGIN_TOKENS)
+    high = nominal - template_tokens - answer_tokens
     low = high - nominal // 8
     if low <= 0:
         raise ValueError(f"bucket {bucket_name(nominal)}: no room for a prompt after the "
-                         f"{TEMPLATE_MARGIN_TOKENS}-token template margin and {answer_tokens} "
-                         "answer tokens")
+                         f"{template_tokens}-token chat template and {answer_tokens} answer tokens")
     return Bucket(bucket_name(nominal), low, high)
 
 
 def buckets_for(max_model_len: int, answer_tokens: int = ANSWER_TOKENS,
-                shortest: int = SHORTEST) -> list[Bucket]:
+                shortest: int = SHORTEST,
+                template_tokens: int = TEMPLATE_MARGIN_TOKENS) -> list[Bucket]:
     """Every bucket a model served at `max_model_len` can answer in, shortest first."""
-    return [bucket_for(n, answer_tokens) for n in nominal_lengths(max_model_len, shortest)]
+    return [bucket_for(n, answer_tokens, template_tokens)
+            for n in nominal_lengths(max_model_len, shortest)]

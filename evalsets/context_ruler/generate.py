@@ -23,15 +23,35 @@ import yaml
 
 from evalsets.context_ruler.buckets import ANSWER_TOKENS, buckets_for
 from evalsets.context_ruler.kinds import KINDS, MAKERS, Plan
+from evalsets.contracts import TEMPLATE_MARGIN_TOKENS
 from evalsets.jsonl import write_jsonl
 from evalsets.long_context.buckets import Bucket
-from evalsets.long_context.generate import TOKENIZER_DIR, tokenizer_counter
+from evalsets.long_context.generate import TOKENIZER_DIR
 
 FOLDER = Path(__file__).resolve().parent
 DEFAULT_SEED = 20260601
 DEFAULT_PER_BUCKET = 20  # 4 of each kind: the gates' min_items per bucket
 DEMO_MAX_MODEL_LEN = 8192  # SmolLM2-135M's max_position_embeddings
 SET_FILES = ("task.yaml", "grading.py")
+
+
+def served_tokenizer(tokenizer_dir: Path) -> tuple[Callable[[str], int], int]:
+    """(token counter, tokens the chat template adds around one user turn) of the served
+    model's own tokenizer, from local files only."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    if not getattr(tokenizer, "chat_template", None):
+        return count, 0
+    probe = "Hello."
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": probe}], tokenize=True,
+                                        add_generation_prompt=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return count, len(ids) - count(probe)
 
 
 def render(context: str, question: str) -> str:
@@ -90,7 +110,8 @@ def generate(count_tokens: Callable[[str], int], buckets: list[Bucket],
             for index in range(per_bucket) for bucket in buckets]
 
 
-def contract_text(buckets: list[Bucket], tokenizer_dir: Path, max_model_len: int) -> str:
+def contract_text(buckets: list[Bucket], tokenizer_dir: Path, max_model_len: int,
+                  template_tokens: int = TEMPLATE_MARGIN_TOKENS) -> str:
     """The set's contract.yaml: fields, and the token bounds of each bucket."""
     contract = {
         "id": "id", "prompt": ["context", "question"], "reference": ["answer"], "group": "bucket",
@@ -100,22 +121,27 @@ def contract_text(buckets: list[Bucket], tokenizer_dir: Path, max_model_len: int
     return (f"# Data contract of the long-context family, written by evalsets.context_ruler."
             f"generate\n# for max_model_len {max_model_len}, prompt tokens counted with "
             f"{tokenizer_dir.name}'s tokenizer\n# (chat template excluded; {ANSWER_TOKENS} "
-            "answer tokens and the template margin left free).\n"
+            f"answer tokens and {max(template_tokens, TEMPLATE_MARGIN_TOKENS)} for the template "
+            "left free).\n"
             + yaml.safe_dump(contract, sort_keys=False, default_flow_style=None))
 
 
 def write_set(folder: Path, max_model_len: int, count_tokens: Callable[[str], int],
               tokenizer_dir: Path, per_bucket: int = DEFAULT_PER_BUCKET,
-              seed: int = DEFAULT_SEED) -> list[Bucket]:
+              seed: int = DEFAULT_SEED,
+              template_tokens: int = TEMPLATE_MARGIN_TOKENS) -> list[Bucket]:
     """A complete set folder for a model served at `max_model_len`: data.jsonl and
-    contract.yaml, plus task.yaml and grading.py when the folder is not the built-in one."""
-    buckets = buckets_for(max_model_len)
+    contract.yaml, plus task.yaml and grading.py when the folder is not the built-in one.
+    `template_tokens`: what the model's chat template adds (a longer one than the contracts'
+    margin shortens every bucket's prompts by the difference)."""
+    buckets = buckets_for(max_model_len, template_tokens=template_tokens)
     folder.mkdir(parents=True, exist_ok=True)
     if folder.resolve() != FOLDER:
         for name in SET_FILES:
             shutil.copyfile(FOLDER / name, folder / name)
     write_jsonl(folder / "data.jsonl", generate(count_tokens, buckets, per_bucket, seed))
-    (folder / "contract.yaml").write_text(contract_text(buckets, tokenizer_dir, max_model_len))
+    (folder / "contract.yaml").write_text(contract_text(buckets, tokenizer_dir, max_model_len,
+                                                        template_tokens))
     return buckets
 
 
@@ -129,9 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--out", type=Path, default=FOLDER, help="the set folder to write")
     args = parser.parse_args(argv)
+    if not args.tokenizer.is_dir():
+        raise SystemExit(f"context_ruler: --tokenizer {args.tokenizer}: no such folder (give the "
+                         "served model's folder: its tokenizer counts the prompts)")
     try:
-        buckets = write_set(args.out, args.max_model_len, tokenizer_counter(args.tokenizer),
-                            args.tokenizer, args.per_bucket, args.seed)
+        count_tokens, template_tokens = served_tokenizer(args.tokenizer)
+        buckets = write_set(args.out, args.max_model_len, count_tokens, args.tokenizer,
+                            args.per_bucket, args.seed, template_tokens)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"context_ruler: {exc}") from exc
     print(f"wrote {args.per_bucket} items per bucket ({', '.join(b.name for b in buckets)}) to "

@@ -47,6 +47,20 @@ def test_buckets_double_up_to_the_served_context(max_model_len, names):
         assert bucket.max_tokens + TEMPLATE_MARGIN_TOKENS + 64 == nominal <= max_model_len
 
 
+def test_a_longer_chat_template_shortens_every_bucket():
+    count, template = generate.served_tokenizer(generate.TOKENIZER_DIR)
+    assert template == 30  # SmolLM2's ChatML around one user turn: within the contracts' margin
+    assert count("Hello world") == 2
+    assert buckets_for(8192, template_tokens=template) == buckets_for(8192)
+    long_template = buckets_for(8192, template_tokens=200)
+    assert [b.max_tokens for b in long_template] == [b.max_tokens - 136 for b in buckets_for(8192)]
+
+
+def test_a_tokenizer_that_is_not_there_is_one_line():
+    with pytest.raises(SystemExit, match="^context_ruler: --tokenizer /nonexistent/model: no such"):
+        generate.main(["--tokenizer", "/nonexistent/model", "--out", "/nonexistent/out"])
+
+
 def test_a_context_below_the_shortest_bucket_is_refused():
     with pytest.raises(ValueError, match="below the shortest bucket"):
         buckets_for(256)
