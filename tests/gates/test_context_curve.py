@@ -79,3 +79,40 @@ def test_report_shows_the_curve_table(tmp_path):
     markdown = paths["md"].read_text()
     assert "| math: stage | 1k | 2k | 4k | 8k | AUC | AUC change vs baseline" in markdown
     assert 'id="context-curve-math"' in paths["html"].read_text()
+
+
+def test_a_kv_stage_is_judged_per_bucket_of_the_family_and_the_curve_shows_the_drop():
+    import json
+
+    from evalsets.context_ruler.generate import FOLDER
+    from evalsets.results import QualityItem, QualityResult, TaskQuality
+    from gates.accuracy import quality_checks
+    from gates.policy import GatePolicy
+    from gates.record import StageRecord
+
+    rows = [json.loads(line) for line in (FOLDER / "data.jsonl").read_text().splitlines()]
+
+    def stage(name, parent, wrong_in, axes):
+        items = [QualityItem(id=r["id"], prompt_hash="h", response="", group=r["bucket"],
+                             # 2 of every bucket's 20 wrong, and every item of `wrong_in`
+                             score=0.0 if r["bucket"] == wrong_in or int(r["id"][-3:]) % 10 == 0
+                             else 1.0)
+                 for r in rows]
+        task = TaskQuality(task="context_ruler", metric="match_all", items=items,
+                           value=sum(i.score for i in items) / len(items))
+        return StageRecord(name=name, kind="baseline" if parent is None else "kv_cache",
+                           parent=parent, axes=axes,
+                           quality=QualityResult(tasks={"context_ruler": task}))
+
+    plain = {"weights": "bf16", "activations": "bf16", "kv_cache": "auto"}
+    baseline = stage("baseline", None, None, plain)
+    kv = stage("kv", "baseline", "8k", plain | {"kv_cache": "fp8_e4m3"})
+    checks = {c.rule: c for c in quality_checks(kv, baseline, baseline, GatePolicy())}
+    assert checks["quality.context_ruler.8k"].status == "fail"
+    assert {checks[f"quality.context_ruler.{b}"].status for b in ("512", "1k", "2k", "4k")} == {
+        "pass"}
+    (table,) = curve_tables([baseline, kv])
+    assert table["buckets"] == ["512", "1k", "2k", "4k", "8k"]
+    assert [row["cells"][-1] for row in table["rows"]] == ["90% (20)", "0% (20)"]
+    change = table["rows"][1]["change"]
+    assert change.startswith("-11.2 [")  # 8k carries 1/8 of the area: 0.9 / 8 lost
