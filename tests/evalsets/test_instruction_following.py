@@ -129,11 +129,13 @@ def test_runs_through_lm_eval_with_prompt_level_strict_scores(tmp_path):
     from evalsets.runner import run_evalset
     from tests.evalsets.chat_fake import FakeChat
 
-    with FakeChat(answer="<<Found cat>>\nI found your cat.") as fake:
+    with FakeChat(answer="<<Found cat>>\nThe cat with the red collar came this evening.") as fake:
         task = run_evalset(fake.base_url, fake.model,
                            EvalSetSpec(name="instruction_following", limit=10), tmp_path, None)
     assert task.metric == "prompt_strict"
     scores = {item.id.split("-")[1]: item.score for item in task.items}
-    # A short answer with a title and no comma follows those three instructions, nothing else.
-    assert {kind for kind, s in scores.items() if s == 1.0} == {"title", "word_count", "no_comma"}
+    # A short answer with a title, no comma and the first task's keywords follows those four
+    # templates, nothing else (the keywords' arguments came through lm-eval's dataset intact).
+    assert {kind for kind, s in scores.items() if s == 1.0} == {"title", "word_count", "no_comma",
+                                                                "keywords"}
     assert Path(tmp_path / "instruction_following").is_dir()
