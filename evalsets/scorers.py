@@ -456,6 +456,54 @@ class ChoiceScorer(_Scorer):
         return None
 
 
+class InstructionsScorer(_Scorer):
+    """IFEval's verifiable instructions (PyPI's if-verifiable): the response must follow every
+    instruction the row lists, in strict mode (prompt-level strict accuracy). Unknown ids,
+    missing arguments and instructions whose checker needs data not installed here are refused
+    at validate (evalsets.instruction_checks)."""
+
+    kind: Literal["instructions"]
+    instructions_field: str = Field(default="instruction_id_list",
+                                    description="Row field with the instruction ids (a list).")
+    kwargs_field: str = Field(default="kwargs", description="Row field with one arguments "
+                                                           "object per instruction (a list).")
+
+    @property
+    def fields(self) -> list[str]:
+        return [self.instructions_field, self.kwargs_field]
+
+    def _parts(self, row: dict[str, Any]) -> tuple[Any, Any]:
+        return as_json(row[self.instructions_field]), as_json(row[self.kwargs_field])
+
+    def _unreadable(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        for field in self.fields:
+            try:
+                as_json(row[field])
+            except ValueError as exc:
+                return field, f"not JSON text: {exc}"
+        return None
+
+    def reference(self, row: dict[str, Any]) -> str:
+        return ", ".join(map(str, as_json(row[self.instructions_field])))
+
+    def score(self, response: str, row: dict[str, Any]) -> float:
+        from evalsets.instruction_checks import followed
+
+        return float(all(followed(response, *self._parts(row))))
+
+    def problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        from evalsets import instruction_checks
+
+        unreadable = self._unreadable(row)
+        if unreadable is not None:
+            return unreadable
+        found = instruction_checks.problem(*self._parts(row))
+        if found is None:
+            return None
+        part, why = found
+        return (self.instructions_field if part == "instructions" else self.kwargs_field), why
+
+
 Scorer = Annotated[ExactScorer | RegexScorer | NumericScorer | JsonScorer | CodeScorer
-                   | ChoiceScorer, Field(discriminator="kind")]
-SCORER_KINDS = ("exact", "regex", "numeric", "json", "code", "choice")
+                   | ChoiceScorer | InstructionsScorer, Field(discriminator="kind")]
+SCORER_KINDS = ("exact", "regex", "numeric", "json", "code", "choice", "instructions")

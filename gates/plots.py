@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gates.accuracy import natural_order
+from gates.context_curve import auc, bucket_length
 from gates.length import length_ratios
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -67,7 +68,9 @@ def long_context(records: list[StageRecord], path: Path) -> Path | None:
             if groups and all(natural_order(g)[0] == 0 for g in groups):
                 accuracy = [np.mean([i.score >= 0.5 for i in task.items if i.group == g])
                             for g in groups]
-                curves.append((f"{record.name} · {name}", groups, accuracy))
+                lengths = [bucket_length(g) for g in groups]
+                area = f" (AUC {auc(lengths, accuracy):.2f})" if None not in lengths else ""
+                curves.append((f"{record.name} · {name}{area}", groups, accuracy))
     if not curves:
         return None
     plt = _pyplot()

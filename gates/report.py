@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import plots, recovery
+from gates.context_curve import curve_tables
 from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
@@ -345,6 +346,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         .hexdigest()[:16],
         "status_colors": plots.STATUS_COLORS, "methods": methods(policy),
         "recovery": recovery.section(records, policy), "emulated_note": recovery.EMULATED_NOTE,
+        "context_curves": curve_tables(records),
     }
 
 
