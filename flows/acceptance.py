@@ -19,7 +19,14 @@ from evalsets.runner import load_task_config, run_quality
 from evalsets.structured import check_schema_items
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
-from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
+from flows.engines import (
+    REFERENCE_PORT_OFFSET,
+    KeptEngines,
+    engine_beside,
+    kv_tokens_needed,
+    plan_run_placement,
+    spec_port_free,
+)
 from flows.estimate import RunEstimate, predicted_against_actual
 from flows.plan import Stage, plan, searches_capacity
 from flows.power import check_decision_power
@@ -94,6 +101,9 @@ class Prepared:
             profile = str(base / profile)
         self.profile: LoadProfile = load_profile(profile)
         self.profile.check_fits(getattr(engine, "max_model_len", None), profile)
+        # Where each CUDA engine goes, and that they fit, before any starts (None off CUDA).
+        self.placement = plan_run_placement(self.spec, self.stages, kv_tokens_needed(
+            self.profile, getattr(engine, "max_model_len", None)))
         # Replayed load prompts are read and tokenized now: a bad prompt file fails before any engine.
         self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
@@ -147,7 +157,8 @@ def measure_quality(
     # Inconclusive accuracy is not a dead end: score more items while the set has them.
     with timed(clock if clock is not None else {}, "more_items"):
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
-                                  prepared.policy, prepared.pools, settings.num_concurrent, kept)
+                                  prepared.policy, prepared.pools, settings.num_concurrent, kept,
+                                  prepared.placement)
 
 
 def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,
@@ -279,8 +290,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
-        spec_port_free(spec, kept), stage.checkpoint, stage.engine_flags, folder / "engine.log",
-        stage.name
+        spec_port_free(spec, kept, prepared.placement), stage.checkpoint, stage.engine_flags,
+        folder / "engine.log", stage.name
     )
     logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
     try:
@@ -354,7 +365,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
         logger.info("stage %s: timed against %s beside it in interleaved rounds (%s)", stage.name,
                     reference.name, how)
         with engine_beside(spec, reference, folder / "reference-engine.log",
-                           REFERENCE_PORT_OFFSET, kept) as reference_facts, \
+                           REFERENCE_PORT_OFFSET, kept, prepared.placement) as reference_facts, \
                 timed(clock, "load"):
             clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
@@ -566,7 +577,8 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
     results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}-{uuid.uuid4().hex[:6]}"
                    ).resolve()
     manifest = RunManifest(candidate=spec.candidate, stages=[], spec_path=str(spec_path),
-                           registry_version=registry_version)
+                           registry_version=registry_version,
+                           placement=prepared.placement.model_dump() if prepared.placement else None)
     tracker = Tracker(settings.mlflow_tracking_uri, settings.mlflow_experiment)
     params = {"spec": str(spec_path), "results_dir": str(results_dir),
               "stages": " > ".join(s.name for s in prepared.stages),

@@ -25,6 +25,7 @@ from gates.accuracy import more_items
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from infra.engine import EngineFacts
+from infra.placement import Placement
 from infra.progress import progress
 
 
@@ -50,10 +51,11 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
 def grow_until_decided(
     stage: Stage, quality: QualityResult, facts: EngineFacts, spec: Spec, baseline: Stage,
     results_dir: Path, policy: GatePolicy, pools: dict[str, int], num_concurrent: int,
-    kept: KeptEngines | None = None,
+    kept: KeptEngines | None = None, placement: Placement | None = None,
 ) -> QualityResult:
     """Score more items on the stage (and the baseline) until the pooled rule decides; on the
-    baseline's engine the run `kept` up when it has one."""
+    baseline's engine the run `kept` up when it has one, else on the GPUs `placement` gives an
+    engine beside the stage's."""
     baseline_folder = results_dir / baseline.name
     base_record = StageRecord.read(baseline_folder)
     if base_record.quality is None:
@@ -84,7 +86,7 @@ def grow_until_decided(
                     if base_facts is None:
                         base_facts = stack.enter_context(engine_beside(
                             spec, baseline, baseline_folder / "engine-more-items.log",
-                            BASELINE_PORT_OFFSET, kept))
+                            BASELINE_PORT_OFFSET, kept, placement=placement))
                     _extend(base_task, _score(
                         base_facts, sets[name], len(base_task.items), wanted,
                         baseline_folder / "quality", baseline.checkpoint, spec.chat_template,

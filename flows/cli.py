@@ -100,6 +100,8 @@ def validate(spec: Path) -> None:
         console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
     for whole in prepared.decision_power:
         console.print(f"power, {escape(whole.describe(prepared.policy.quality.power))}")
+    for line in prepared.placement.describe() if prepared.placement else ():
+        console.print(f"placement: {escape(line)}")
 
 
 @app.command("new-evalset")

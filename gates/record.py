@@ -174,6 +174,9 @@ class RunManifest(BaseModel):
         default_factory=dict, description="Run phases in seconds: wall, stages, gating, reporting.")
     host_slot: list[str] = Field(
         default_factory=list, description="When the run held its engine host (UTC, from, to).")
+    placement: dict | None = Field(
+        default=None, description="Where the CUDA engines went (infra/placement.py): GPUs and "
+        "memory share per engine role; None off CUDA.")
 
     def save(self, results_dir: Path) -> None:
         results_dir.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,10 @@ def build_command(
         env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
     else:
         command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+        if spec.tensor_parallel_size > 1:
+            command += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+        if spec.cuda_visible_devices:  # the placement plan's GPUs for this engine
+            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
     return command, env
 
 
