@@ -86,6 +86,8 @@ def _served_weights(stage: Stage, method: str | None,
         except SpecError as err:
             return f"quantization {method!r} ({err})"
         return weights, activations
+    if not own and method in ONLINE_QUANTIZATION and method == stage.engine_flags.quantization:
+        return stage.axes.weights, stage.axes.activations  # derived from this method and device
     if not own and method in ONLINE_QUANTIZATION:
         online = ONLINE_QUANTIZATION[method]
         return online.get("weights", "none"), online.get("activations", "none")

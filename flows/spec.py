@@ -25,7 +25,8 @@ from infra.secrets import redact, remember, split_api_key
 from infra.values import Seconds
 from infra.yamlfile import load_model
 
-STAGE_KINDS = ("weights", "activations", "kv_cache", "control", "structured_output")
+STAGE_KINDS = ("weights", "activations", "kv_cache", "weights_activations", "control",
+               "structured_output")
 # Kinds that serve the parent's exact configuration again (no checkpoint, no engine flags).
 SAME_SERVING = {"control": "control", "structured_output": "structured_output stage"}
 SAME_SERVING_KINDS = tuple(SAME_SERVING)
@@ -251,8 +252,11 @@ class BaselineSpec(Strict):
 
 class StageSpec(Strict):
     name: str = Field(pattern=f"^{STAGE_NAME}$", description="Unique stage name.")
-    kind: Literal["weights", "activations", "kv_cache", "control", "structured_output"] = Field(
-        description="The one axis this stage changes; checked against what is served. 'control' "
+    kind: Literal["weights", "activations", "kv_cache", "weights_activations", "control",
+                  "structured_output"] = Field(
+        description="The one axis this stage changes; checked against what is served. "
+        "'weights_activations' declares the coupled change of online W8A8 (e.g. quantization: "
+        "fp8) on purpose: both axes at once, marked so in the report. 'control' "
         "serves the parent's exact configuration again (no checkpoint, no flags): it must go, "
         "and measures the noise floor of your own hardware. 'structured_output' also serves the "
         "parent's configuration, and asks with the engine's guided decoding: eval items that "

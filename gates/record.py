@@ -21,7 +21,8 @@ SCHEMA_VERSION = 1
 # them was not written by quantgate.
 CANDIDATE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 STAGE_NAME = r"[a-z0-9][a-z0-9_-]*"
-STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "control", "structured_output")
+STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "weights_activations", "control",
+               "structured_output")
 
 Record = TypeVar("Record", bound=BaseModel)
 

@@ -331,6 +331,8 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         changed[r.name] = ", ".join(
             f"{axis}: {parent.axes.get(axis)} → {value}" for axis, value in r.axes.items()
             if parent and parent.axes.get(axis) != value) or ("-" if parent else "baseline")
+        if r.kind == "weights_activations":  # declared on purpose: online W8A8 moves both
+            changed[r.name] += " (two axes at once, declared: effects not separated)"
     return {
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
