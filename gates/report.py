@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import plots
+from gates.engine_facts import engine_rows, kernel_changes
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Check, StageVerdict, Verdict
@@ -141,10 +142,6 @@ def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def _mb(value: int | None) -> str:
-    return f"{value / 1e6:,.1f} MB" if value else "-"
-
-
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} s"
 
@@ -166,30 +163,6 @@ def timing_rows(records: list[StageRecord], run: str) -> list[dict[str, str]]:
             "scoring": _seconds(t.scoring_s), "more": _seconds(t.more_items_s),
             "load": _seconds(t.load_s), "overhead": _seconds(t.overhead_s),
             "busy": f"{t.busy_s / t.wall_s:.0%}" if t.wall_s else "-"})
-    return rows
-
-
-def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
-    base = records[0].facts if records and records[0].facts else None
-    rows = []
-    for record in records:
-        f = record.facts
-        if f is None:
-            rows.append({"stage": record.name, "weights": "-", "kv": "-", "kv_dtype": "-",
-                         "startup": "-", "version": "-", "command": "(engine never came up)"})
-            continue
-        vs = {k: (f"{getattr(f, k) / getattr(base, k):.2f}x baseline"
-                  if base and getattr(base, k) and getattr(f, k) else "") for k in
-              ("weight_bytes", "kv_cache_tokens")}
-        rows.append({
-            "stage": record.name + (" (emulated)" if record.emulated else ""),
-            "weights": f"{_mb(f.weight_bytes)} {vs['weight_bytes']}".strip(),
-            "kv": f"{f.kv_cache_tokens:,} {vs['kv_cache_tokens']}".strip() if f.kv_cache_tokens
-            else "-",
-            "kv_dtype": str(f.kv_cache_dtype or record.axes.get("kv_cache", "-")),
-            "startup": f"{f.startup_s:.0f} s" if f.startup_s else "-",
-            "version": str(f.version or "-"), "command": f.command_line(),
-        })
     return rows
 
 
@@ -337,6 +310,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
+        "kernel_changes": kernel_changes(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
         "cache": cache_rows(records, run), "comparability": comparability_rows(records),
