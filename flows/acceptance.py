@@ -606,7 +606,8 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             report = write_report(
                 verdict, records, report_dir, signer=settings.signer,
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
-                workload_source=f"load profile {spec.load_profile}")
+                workload_source=f"load profile {spec.load_profile}",
+                placement=prepared.placement.describe() if prepared.placement else ())
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
         manifest.timings |= {phase: round(seconds, 2) for phase, seconds in clock.items()}

@@ -202,7 +202,8 @@ def gate(
                 workload, origin = None, ""
             _read_run_spec(results_dir)
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
-                                   workload=workload, workload_source=origin)
+                                   workload=workload, workload_source=origin,
+                                   placement=_run_placement(results_dir))
         except OSError as err:
             fail(f"cannot write the report into {report}: {err.strerror or err}; choose a "
                  "writable folder")
@@ -626,6 +627,18 @@ def prepare_candidates(
             console.print(f"ready: {path}")
     except QuantgateError as err:
         fail(str(err))
+
+
+def _run_placement(results_dir: Path) -> list[str]:
+    """Where the run's CUDA engines went, as its manifest recorded it ([] off CUDA or unread)."""
+    from gates.record import RunManifest
+    from infra.placement import Placement
+
+    try:
+        stored = RunManifest.read(results_dir).placement
+        return Placement.model_validate(stored).describe() if stored else []
+    except (QuantgateError, ValueError):  # an older or damaged manifest: the report says nothing
+        return []
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

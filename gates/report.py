@@ -335,7 +335,7 @@ def _environment(autoescape: bool):
 def write_report(
     verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
-    whatif_gpus: Sequence[str] = DEFAULT_GPUS,
+    whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md and the figures (PNG) into out_dir.
 
@@ -344,6 +344,7 @@ def write_report(
     `workload` (`gates.whatif.workload_from_profile(profile)`) and `workload_source`: the run's
     load profile for the capacity what-if; without it the what-if predicts the reference
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
+    `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
@@ -357,6 +358,7 @@ def write_report(
     images = {name: path for name, path in drawn.items() if path is not None}
     whatif = whatif_section(records, workload, workload_source, whatif_gpus)
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif)
+    context["placement"] = list(placement)
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

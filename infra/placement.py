@@ -85,17 +85,23 @@ class Placement(BaseModel):
         """The plan as lines, for validate and the report."""
         gpus = {g.index: g for g in self.gpus}
         first = gpus[self.stage.devices[0]]
+        used = set(self.stage.devices) | set(self.beside.devices if self.beside else [])
         lines = [f"{len(self.gpus)} GPU(s), {first.name} {first.memory_bytes / GIB:.0f} GiB; "
-                 f"tensor_parallel_size {self.tensor_parallel_size}"]
-        for name, slot in (("stage engines", self.stage), ("engines beside", self.beside)):
-            if slot is not None:
-                lines.append(f"{name}: CUDA_VISIBLE_DEVICES={slot.visible_devices}, "
-                             f"gpu_memory_utilization {slot.gpu_memory_utilization:g}"
-                             + (" (sharing the stage engine's GPUs)"
-                                if name == "engines beside" and self.shared else ""))
-        for engine in self.engines:
-            lines.append(f"  {engine['role']} {engine['stage']}: needs {engine['need_gib']:.1f} "
-                         f"GiB per GPU of {engine['share_gib']:.1f}")
+                 f"tensor_parallel_size {self.tensor_parallel_size}"
+                 + (f"; {len(self.gpus) - len(used)} left unused (at most two engines are up "
+                    "at once)" if len(used) < len(self.gpus) else "")]
+        for role, name, slot in (("stage", "stage engines", self.stage),
+                                 ("beside", "engines beside", self.beside)):
+            if slot is None:
+                continue
+            engines = [e for e in self.engines if e["role"] == role]
+            largest = max(engines, key=lambda e: e["need_gib"])
+            lines.append(
+                f"{name} ({', '.join(e['stage'] for e in engines)}): CUDA_VISIBLE_DEVICES="
+                f"{slot.visible_devices}, gpu_memory_utilization {slot.gpu_memory_utilization:g} "
+                f"({largest['share_gib']:.1f} GiB per GPU; the largest, {largest['stage']}, "
+                f"needs {largest['need_gib']:.1f})"
+                + (", sharing the stage engine's GPUs" if role == "beside" and self.shared else ""))
         if self.note:
             lines.append(self.note)
         return lines

@@ -105,3 +105,15 @@ def test_kv_needs_follow_the_profile_and_the_cache_dtype(tmp_path):
     folder = demo_chain(tmp_path).baseline.checkpoint
     assert kv_bytes_per_token(folder, "auto", "bfloat16") == 2 * 30 * 3 * 64 * 2
     assert kv_bytes_per_token(folder, "fp8_e4m3", "bfloat16") == 2 * 30 * 3 * 64
+
+
+def test_the_plan_recorded_in_the_manifest_reads_back_for_a_later_report(tmp_path):
+    from flows.cli import _run_placement
+    from gates.record import RunManifest
+
+    spec = demo_chain(tmp_path)
+    placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
+    RunManifest(candidate="c", stages=[], placement=placement.model_dump()).save(tmp_path / "run")
+    assert _run_placement(tmp_path / "run") == placement.describe()
+    assert "CUDA_VISIBLE_DEVICES=1" in placement.describe()[2]
+    assert _run_placement(tmp_path / "missing") == []

@@ -58,3 +58,20 @@ def test_the_report_shows_kernels_per_stage_and_names_the_change_in_the_sign_off
     assert f"| Kernel change, {records[-1].name} | linear -; attention FLASH_ATTN → linear " \
            "MarlinFP8ScaledMMLinearKernel (FP8-Marlin fallback" in md
     assert 'id="kernel-changes"' in html
+
+
+def test_the_report_states_the_placement_it_is_given(tmp_path):
+    from gates.decide import decide
+    from gates.policy import GatePolicy
+    from gates.report import write_report
+    from tests.gates.records import chain
+
+    records = chain()
+    verdict = decide("demo", records, GatePolicy())
+    lines = ["1 GPU(s), NVIDIA H100 80GB HBM3 80 GiB; tensor_parallel_size 1",
+             "stage engines (baseline, a8): CUDA_VISIBLE_DEVICES=0, gpu_memory_utilization 0.47"]
+    paths = write_report(verdict, records, tmp_path, placement=lines)
+    assert f"Placement: {lines[0]}; {lines[1]}" in paths["md"].read_text()
+    assert 'id="placement"' in paths["html"].read_text()
+    bare = write_report(verdict, records, tmp_path / "cpu")
+    assert "Placement:" not in bare["md"].read_text()
