@@ -160,6 +160,17 @@ def observe(base_url: str, model: str, cache_dtype: str | None, log_path: Path |
     return Served(model_root=root, cache_dtype=cache_dtype, config=engine_config(log_text))
 
 
+def kernel_mismatches(stage: Stage, facts) -> list[str]:
+    """What the kernels the engine picked contradict in the stage's axes: FP8 activations on a
+    GPU without FP8 units, where vLLM runs FP8 weights through Marlin (weight-only)."""
+    if getattr(facts, "fp8_marlin_fallback", False) and stage.axes.activations.startswith("float8"):
+        return [f"stage {stage.name}: vLLM ran its FP8 weights through the Marlin fallback (this "
+                "GPU has no FP8 units: weights only, activations unquantized) but its axes say "
+                f"activations {stage.axes.activations}; serve it on a GPU with FP8 (sm89+: L40S, "
+                "H100, B200), or measure a weights stage there instead"]
+    return []
+
+
 def check_served(stage: Stage, facts, engine_spec, log_path: Path | None) -> None:
     """Raise ServedMismatchError when the engine serving `stage` does not serve its axes."""
     from infra.checkpoint import read_config
@@ -169,7 +180,7 @@ def check_served(stage: Stage, facts, engine_spec, log_path: Path | None) -> Non
                      None if external else log_path)
     config = {} if external else read_config(stage.checkpoint)
     problems = mismatches(stage, served, config, dtype=getattr(engine_spec, "dtype", None),
-                          external=external)
+                          external=external) + kernel_mismatches(stage, facts)
     if problems:
         where = f" (log {log_path})" if log_path and not external else ""
         raise ServedMismatchError("; ".join(problems) + where)

@@ -108,3 +108,23 @@ def test_fp8_kv_cache_dtypes_are_recorded_in_the_axes(tmp_path):
         assert stages[1].axes.kv_cache == axis and stages[1].changed == ["kv_cache"]
     config = json.loads((tmp_path / "fp8" / "bf16" / "config.json").read_text())
     assert "quantization_config" not in config  # default scales: the checkpoint carries none
+
+
+def test_fp8_activations_run_through_the_marlin_fallback_are_not_measured_as_w8a8(tmp_path):
+    from flows.served import kernel_mismatches
+    from infra.engine import EngineFacts
+
+    stages = plan(spec(tmp_path, [
+        {"name": "w8", "kind": "weights", "checkpoint": "W8"},
+        {"name": "a8", "kind": "activations", "checkpoint": "BASE", "engine_flags": online_fp8()}]))
+    # An A100's log: "Your GPU does not have native support for FP8 computation ..." (vLLM's
+    # marlin_utils_fp8.py), read into the facts by infra/vllm_facts.py.
+    a100 = EngineFacts(base_url="http://x", model="m", fp8_marlin_fallback=True)
+    assert kernel_mismatches(stages[2], a100) == [
+        "stage a8: vLLM ran its FP8 weights through the Marlin fallback (this GPU has no FP8 "
+        "units: weights only, activations unquantized) but its axes say activations "
+        "float8/token/dynamic; serve it on a GPU with FP8 (sm89+: L40S, H100, B200), or measure "
+        "a weights stage there instead"]
+    # The weights-only FP8 stage runs through Marlin everywhere: what its label says.
+    assert kernel_mismatches(stages[1], a100) == []
+    assert kernel_mismatches(stages[2], EngineFacts(base_url="http://x", model="m")) == []
