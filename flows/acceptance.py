@@ -55,7 +55,7 @@ from infra.checkpoint import check_checkpoint, check_same_chat_template, model_s
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
-from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
+from infra.errors import EngineError, GpuBusyError, MeasurementError, PortInUseError, SpecError
 from infra.progress import progress
 from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
@@ -318,8 +318,9 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             record.error = f"the engine died during the stage (log {folder / 'engine.log'}): {err}"
         logger.error("stage %s: %s", stage.name, record.error)
     except EngineError as err:
-        if record.facts is None and (stage.parent is None or isinstance(err, PortInUseError)):
-            record.error = str(err)  # no baseline, or a busy port: nothing can be judged
+        if record.facts is None and (stage.parent is None or
+                                     isinstance(err, (PortInUseError, GpuBusyError))):
+            record.error = str(err)  # no baseline, a busy port or GPU: nothing can be judged
             record.timings = stage_timings(record, clock, time.monotonic() - started)
             record.save(folder)
             raise

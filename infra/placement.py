@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from infra.errors import SpecError
+from infra.errors import GpuBusyError, SpecError
 
 GIB = 2**30
 # What vLLM holds besides weights and the KV cache (activations at the token budget, CUDA
@@ -34,6 +36,7 @@ class Gpu(BaseModel):
     index: int = Field(description="CUDA device index (nvidia-smi's).")
     name: str = Field(default="GPU", description="Model name, e.g. 'NVIDIA H100 80GB HBM3'.")
     memory_bytes: int = Field(gt=0, description="Total device memory.")
+    used_bytes: int = Field(default=0, ge=0, description="Held by other processes when read.")
 
     @property
     def kind(self) -> tuple[str, int]:
@@ -153,6 +156,9 @@ def plan_placement(gpus: list[Gpu], needs: list[EngineNeed], tensor_parallel_siz
         groups = pair or alone
         stage = Slot(devices=groups[0], gpu_memory_utilization=share)
         beside = Slot(devices=groups[1], gpu_memory_utilization=share) if pair else None
+    _check_free(gpus, stage, 2 if shared else 1)
+    if beside is not None and not shared:
+        _check_free(gpus, beside, 1)
     memory = {g.index: g.memory_bytes for g in gpus}
     rows = []
     for need in needs:
@@ -181,12 +187,53 @@ def plan_placement(gpus: list[Gpu], needs: list[EngineNeed], tensor_parallel_siz
                      note=note)
 
 
+def _check_free(gpus: list[Gpu], slot: Slot, engines: int) -> None:
+    """vLLM refuses to start when a GPU's free memory is less than its share of the total
+    ("Free memory on device ... is less than desired GPU memory utilization"): a GPU another
+    process holds memory on is named before any engine starts."""
+    by_index = {g.index: g for g in gpus}
+    for index in slot.devices:
+        gpu = by_index[index]
+        wanted = engines * slot.gpu_memory_utilization * gpu.memory_bytes
+        if wanted > gpu.memory_bytes - gpu.used_bytes:
+            raise SpecError(
+                f"GPU {index} already holds {gpu.used_bytes / GIB:.1f} GiB (another process); "
+                f"its free {(gpu.memory_bytes - gpu.used_bytes) / GIB:.1f} GiB is less than the "
+                f"{wanted / GIB:.1f} GiB its {engines} engine(s) at gpu_memory_utilization "
+                f"{slot.gpu_memory_utilization:g} would take: free the GPU, give idle ones in "
+                "engine.cuda_visible_devices, or lower engine.gpu_memory_utilization")
+
+
+def wait_until_free(devices: list[int], utilization: float, timeout_s: float = 120,
+                    gpus: Callable[[], list[Gpu]] | None = None,
+                    sleep: Callable[[float], None] = time.sleep) -> None:
+    """Before an engine starts: wait until each of its GPUs has the free memory its share needs
+    (a stopped engine's memory is released by the driver when its processes are gone, which can
+    trail the stop); raise GpuBusyError naming the GPU at the deadline. No nvidia-smi: no check."""
+    read = gpus or host_gpus
+    waited = 0.0
+    while True:
+        short = [(gpu, utilization * gpu.memory_bytes) for gpu in read() if gpu.index in devices
+                 and utilization * gpu.memory_bytes > gpu.memory_bytes - gpu.used_bytes]
+        if not short:
+            return
+        if waited >= timeout_s:
+            gpu, wanted = short[0]
+            raise GpuBusyError(
+                f"GPU {gpu.index} still holds {gpu.used_bytes / GIB:.1f} GiB after {timeout_s:g} s: "
+                f"its free {(gpu.memory_bytes - gpu.used_bytes) / GIB:.1f} GiB is less than the "
+                f"{wanted / GIB:.1f} GiB the next engine's gpu_memory_utilization {utilization:g} "
+                "takes; stop what holds it (nvidia-smi lists it) and run again")
+        sleep(2.0)
+        waited += 2.0
+
+
 def host_gpus(run=subprocess.run) -> list[Gpu]:
     """This host's GPUs as nvidia-smi lists them ([] without nvidia-smi or a GPU)."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = run(["nvidia-smi", "--query-gpu=index,name,memory.total",
+        out = run(["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used",
                    "--format=csv,noheader,nounits"], capture_output=True, text=True,
                   timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
@@ -195,12 +242,13 @@ def host_gpus(run=subprocess.run) -> list[Gpu]:
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """`0, NVIDIA H100 80GB HBM3, 81559` lines (memory in MiB) -> Gpu."""
+    """`0, NVIDIA H100 80GB HBM3, 81559, 4` lines (memory total and used in MiB) -> Gpu."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [part.strip() for part in line.split(",")]
-        index, name, mib = parts[0], ",".join(parts[1:-1]), parts[-1]
-        gpus.append(Gpu(index=int(index), name=name, memory_bytes=int(float(mib)) * 2**20))
+        index, name, total, used = parts[0], ",".join(parts[1:-2]), parts[-2], parts[-1]
+        gpus.append(Gpu(index=int(index), name=name, memory_bytes=int(float(total)) * 2**20,
+                        used_bytes=int(float(used)) * 2**20))
     return gpus
 
 

@@ -16,6 +16,7 @@ from infra.checkpoint import read_config, weight_bytes
 from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError, PortInUseError
+from infra.placement import wait_until_free
 from infra.probe import cache_config, get_json, healthy, optional_int
 from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
 from infra.vllm_facts import kv_tokens_from_metrics, read_log
@@ -126,6 +127,10 @@ class VllmEngine(Engine):
                 "stop what holds it or set engine.port in the spec"
             )
         command, env = build_command(self.spec, self.checkpoint, self.flags, reveal=True)
+        if self.spec.device == "cuda" and self.spec.cuda_visible_devices:
+            # The engine stopped before on these GPUs must have let go of its memory.
+            wait_until_free([int(i) for i in self.spec.cuda_visible_devices.split(",")],
+                            self.spec.gpu_memory_utilization)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         STARTED.append((self.stage, self.log_path))
         started = time.monotonic()

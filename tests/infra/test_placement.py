@@ -97,10 +97,11 @@ def test_no_known_gpu_is_refused_naming_the_settings():
 
 
 def test_nvidia_smi_lines_are_read_and_a_host_without_it_has_none(monkeypatch):
-    text = "0, NVIDIA H100 80GB HBM3, 81559\n1, NVIDIA H100 80GB HBM3, 81559\n"
+    # `nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader,nounits`
+    text = "0, NVIDIA H100 80GB HBM3, 81559, 4\n1, NVIDIA H100 80GB HBM3, 81559, 60000\n"
     gpus = parse_nvidia_smi(text)
-    assert [(g.index, g.name, g.memory_bytes) for g in gpus] == [
-        (0, H100, 81559 * 2**20), (1, H100, 81559 * 2**20)]
+    assert [(g.index, g.name, g.memory_bytes, g.used_bytes) for g in gpus] == [
+        (0, H100, 81559 * 2**20, 4 * 2**20), (1, H100, 81559 * 2**20, 60000 * 2**20)]
     monkeypatch.setattr("infra.placement.shutil.which", lambda name: None)
     assert host_gpus() == []
 
@@ -110,3 +111,30 @@ def test_nvidia_smi_lines_are_read_and_a_host_without_it_has_none(monkeypatch):
     monkeypatch.setattr("infra.placement.shutil.which", lambda name: "/usr/bin/nvidia-smi")
     assert host_gpus(run=failing) == []
     assert declared_gpus(80, 2)[1].memory_bytes == 80 * GIB
+
+
+def test_a_gpu_another_process_holds_is_named_before_any_engine_starts():
+    busy = [Gpu(index=0, name=H100, memory_bytes=80 * GIB, used_bytes=50 * GIB)]
+    with pytest.raises(SpecError, match=r"GPU 0 already holds 50.0 GiB \(another process\); its "
+                       r"free 30.0 GiB is less than the 75.2 GiB its 2 engine\(s\)"):
+        plan_placement(busy, needs())
+    # A little memory held (a display, a monitor) leaves the split as it is.
+    light = [busy[0].model_copy(update={"used_bytes": GIB // 2})]
+    assert plan_placement(light, needs()).stage.gpu_memory_utilization == 0.47
+
+
+def test_the_next_engine_waits_for_a_stopped_ones_memory_and_names_a_gpu_never_freed():
+    from infra.errors import GpuBusyError
+    from infra.placement import wait_until_free
+
+    held = Gpu(index=0, name=H100, memory_bytes=80 * GIB, used_bytes=70 * GIB)
+    freed = held.model_copy(update={"used_bytes": GIB})
+    readings = iter([[held], [held], [freed]])
+    naps: list[float] = []
+    wait_until_free([0], 0.47, gpus=lambda: next(readings), sleep=naps.append)
+    assert naps == [2.0, 2.0]  # released on the third reading: started then
+    with pytest.raises(GpuBusyError, match=r"GPU 0 still holds 70.0 GiB after 4 s: its free "
+                       r"10.0 GiB is less than the 37.6 GiB"):
+        wait_until_free([0], 0.47, timeout_s=4, gpus=lambda: [held], sleep=lambda s: None)
+    wait_until_free([0], 0.47, gpus=lambda: [])  # no nvidia-smi: nothing to confirm
+    wait_until_free([1], 0.47, gpus=lambda: [held], sleep=lambda s: None)  # another GPU's memory
