@@ -58,12 +58,18 @@ KV_CACHE_DTYPES = {
 }
 
 
+# The kv_cache axis of an fp8 cache whose scales the checkpoint carries (kv_cache_scheme); a
+# bare fp8 variant uses vLLM's default scales (1.0).
+CALIBRATED = "/calibrated"
+
+
 class Axes(BaseModel):
     """One value per axis; 'none' means unquantized (served in the model dtype)."""
 
     weights: str = Field(description="e.g. 'none', 'int8/channel', 'int4/group64'.")
     activations: str = Field(description="e.g. 'none', 'int8/token/dynamic'.")
-    kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant.")
+    kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant, '/calibrated' "
+                          "when the checkpoint carries its scales.")
     emulated: bool = Field(
         default=False,
         description="Weights were quantized then dequantized to bf16: quality is real, speed is not.",
@@ -178,6 +184,9 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: st
             f"unknown kv_cache_dtype {kv_flag!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
         )
     kv_axis = KV_CACHE_DTYPES[kv_flag]
+    if kv_axis != "auto" and kv_cache:
+        # Scales calibrated into the checkpoint (kv_cache_scheme), not vLLM's default of 1.0.
+        kv_axis += CALIBRATED
     if kv_axis == "auto" and kv_cache:
         # vLLM loads the scales but keeps the model dtype for the cache unless told otherwise.
         raise SpecError(

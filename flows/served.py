@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.axes import KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
+from flows.axes import CALIBRATED, KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
 from flows.plan import Stage
 from infra.errors import EngineError, SpecError
 
@@ -102,7 +102,7 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     judged on what it exposes (/metrics); quantgate's own vLLM must also show its start-up log."""
     name, axes, problems = stage.name, stage.axes, []
     kv = served.cache_dtype or served.config.get("kv_cache_dtype")
-    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache:
+    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache.removesuffix(CALIBRATED):
         problems.append(f"stage {name} serves kv_cache {KV_CACHE_DTYPES.get(kv, kv)} "
                         f"but its axes say {axes.kv_cache}")
     if external:

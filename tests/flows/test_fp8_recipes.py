@@ -128,3 +128,20 @@ def test_fp8_activations_run_through_the_marlin_fallback_are_not_measured_as_w8a
     # The weights-only FP8 stage runs through Marlin everywhere: what its label says.
     assert kernel_mismatches(stages[1], a100) == []
     assert kernel_mismatches(stages[2], EngineFacts(base_url="http://x", model="m")) == []
+
+
+def test_calibrated_kv_scales_are_told_apart_from_the_default_ones(tmp_path):
+    from flows.served import Served, mismatches
+
+    calibrated = dict(FP8_WEIGHTS, kv_cache_scheme={"type": "float", "num_bits": 8,
+                                                   "strategy": "tensor"})
+    scaled = make_checkpoint(tmp_path / "fp8-kv-scales", calibrated)
+    stages = plan(spec(tmp_path, [
+        {"name": "w8", "kind": "weights", "checkpoint": "W8"},
+        {"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}},
+        {"name": "kv-cal", "kind": "kv_cache", "checkpoint": str(scaled)}]))
+    assert [s.axes.kv_cache for s in stages] == ["auto", "auto", "fp8_e4m3", "fp8_e4m3/calibrated"]
+    # Default scales (1.0) -> calibrated: one change, of the KV cache.
+    assert stages[3].changed == ["kv_cache"]
+    # The engine reports the cache dtype only; the scales are the checkpoint's.
+    assert mismatches(stages[3], Served(cache_dtype="fp8"), {}, external=True) == []
