@@ -67,9 +67,11 @@ from load.runner import run_load
 
 
 class Prepared:
-    """Everything checked before any engine starts."""
+    """Everything checked before any engine starts. `engine_host`: checked where the engines
+    will run; elsewhere (a submission from a control host) a CUDA spec's placement is planned
+    only when the GPUs are known (nvidia-smi, or the spec's gpu_memory_gib)."""
 
-    def __init__(self, spec_path: Path) -> None:
+    def __init__(self, spec_path: Path, engine_host: bool = True) -> None:
         self.spec_path = spec_path
         self.spec: Spec = load_spec(spec_path)
         self.api_key = engine_api_key(self.spec.engine)  # its clients send it; never stored
@@ -103,7 +105,7 @@ class Prepared:
         self.profile.check_fits(getattr(engine, "max_model_len", None), profile)
         # Where each CUDA engine goes, and that they fit, before any starts (None off CUDA).
         self.placement = plan_run_placement(self.spec, self.stages, kv_tokens_needed(
-            self.profile, getattr(engine, "max_model_len", None)))
+            self.profile, getattr(engine, "max_model_len", None)), required=engine_host)
         # Replayed load prompts are read and tokenized now: a bad prompt file fails before any engine.
         self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)

@@ -450,7 +450,7 @@ def submit(
 
     try:
         use_service(load_settings().state_dir, probe=True)  # a stopped service: one line, no wait
-        Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
+        Prepared(spec, engine_host=False)  # refuse a bad spec here, not in a worker an hour later
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))

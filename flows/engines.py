@@ -135,13 +135,17 @@ def run_gpus(engine) -> list[Gpu]:
 
 
 def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
-                       gpus: list[Gpu] | None = None) -> Placement | None:
+                       gpus: list[Gpu] | None = None, required: bool = True) -> Placement | None:
     """The placement of every engine the run may start (None off CUDA): each stage's own, the
     reference each timed stage is raced against, and the baseline answering more items beside
     any later stage. `kv_tokens`: the KV cache each must hold (the load's concurrency, at
-    least one max_model_len)."""
+    least one max_model_len). Not `required` (checked away from the engine host): None when
+    no GPU is known there."""
     engine = spec.engine
     if engine.kind != "vllm" or engine.device != "cuda":
+        return None
+    gpus = run_gpus(engine) if gpus is None else gpus
+    if not gpus and not required:
         return None
 
     def need(role: str, stage: Stage) -> EngineNeed:
@@ -158,8 +162,7 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
     needs += [need("beside", stage) for stage in beside.values()]
     utilization = (engine.gpu_memory_utilization
                    if "gpu_memory_utilization" in engine.model_fields_set else None)
-    return plan_placement(run_gpus(engine) if gpus is None else gpus, needs,
-                          engine.tensor_parallel_size, utilization)
+    return plan_placement(gpus, needs, engine.tensor_parallel_size, utilization)
 
 
 @contextlib.contextmanager

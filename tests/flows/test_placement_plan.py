@@ -117,3 +117,10 @@ def test_the_plan_recorded_in_the_manifest_reads_back_for_a_later_report(tmp_pat
     assert _run_placement(tmp_path / "run") == placement.describe()
     assert "CUDA_VISIBLE_DEVICES=1" in placement.describe()[2]
     assert _run_placement(tmp_path / "missing") == []
+
+
+def test_away_from_the_engine_host_an_unknown_gpu_is_left_to_the_worker(tmp_path):
+    spec = demo_chain(tmp_path)
+    assert plan_run_placement(spec, plan(spec), 5120, [], required=False) is None
+    with pytest.raises(SpecError, match="no GPU is known"):
+        plan_run_placement(spec, plan(spec), 5120, [])
