@@ -47,7 +47,7 @@ class Gpu(BaseModel):
 class EngineNeed:
     """One engine the run may start: what it must hold on its GPUs (all of them together)."""
 
-    role: str  # "stage", "reference" or "more items"
+    role: str  # "stage" (its own stage) or "beside" (a reference, or the baseline for more items)
     stage: str  # the stage it serves
     weight_bytes: int
     kv_bytes_per_token: int
