@@ -149,8 +149,12 @@ def plan(spec: Spec) -> list[Stage]:
                     f"activations at once) but what it serves changes {', '.join(changed)} "
                     f"against its parent {parent.name!r} ({detail}){hint}")
         elif len(changed) > 1:
-            hint = ONE_AT_A_TIME if changed == COUPLED["weights_activations"] else \
-                "split it into one stage per axis"
+            coupled = COUPLED["weights_activations"]
+            hint = "split it into one stage per axis"
+            if changed[:2] == coupled:  # online W8A8, perhaps with a KV cache flag too
+                rest = changed[2:]
+                hint = ONE_AT_A_TIME + (f"; and the {', '.join(rest)} change in a stage of its "
+                                        "own after it" if rest else "")
             raise SpecError(
                 f"stage {item.name!r} changes {len(changed)} axes against its parent "
                 f"{parent.name!r} ({detail}); a stage must change exactly one axis: {hint}"

@@ -54,9 +54,15 @@ def test_the_seed_recipe_in_one_stage_is_refused_with_the_ways_to_run_it(tmp_pat
                        r".*prepare-candidates fp8-tensor.*declare kind weights_activations"):
         plan(spec(tmp_path, [{"name": "fp8", "kind": "weights", "engine_flags": online_fp8()}]))
     # `--quantization fp8 --kv-cache-dtype fp8` at once moves three axes.
-    with pytest.raises(SpecError, match="changes 3 axes .* split it into one stage per axis"):
+    with pytest.raises(SpecError, match="changes 3 axes .* declare kind weights_activations to "
+                       "accept weights and activations at once; and the kv_cache change in a "
+                       "stage of its own after it"):
         plan(spec(tmp_path, [{"name": "fp8", "kind": "weights",
                               "engine_flags": online_fp8(kv_cache_dtype="fp8")}]))
+    with pytest.raises(SpecError, match=r"changes 2 axes .*\(weights: none -> float8/tensor; "
+                       r"kv_cache: auto -> fp8_e4m3\).* split it into one stage per axis"):
+        plan(spec(tmp_path, [{"name": "w8kv", "kind": "weights", "checkpoint": "W8",
+                              "engine_flags": {"kv_cache_dtype": "fp8"}}]))
     with pytest.raises(SpecError, match="move the kv_cache change to a stage of its own after it"):
         plan(spec(tmp_path, [{"name": "fp8", "kind": "weights_activations",
                               "engine_flags": online_fp8(kv_cache_dtype="fp8")}]))
