@@ -19,7 +19,14 @@ from evalsets.runner import load_task_config, run_quality
 from evalsets.structured import check_schema_items
 from flows.adaptive import grow_until_decided
 from flows.cache import StageCache, digest, stage_keys
-from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
+from flows.engines import (
+    REFERENCE_PORT_OFFSET,
+    KeptEngines,
+    engine_beside,
+    kv_tokens_needed,
+    plan_run_placement,
+    spec_port_free,
+)
 from flows.estimate import RunEstimate, predicted_against_actual
 from flows.plan import Stage, plan, searches_capacity
 from flows.power import check_decision_power
@@ -48,7 +55,7 @@ from infra.checkpoint import check_checkpoint, check_same_chat_template, check_s
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
-from infra.errors import EngineError, MeasurementError, PortInUseError, SpecError
+from infra.errors import EngineError, GpuBusyError, MeasurementError, PortInUseError, SpecError
 from infra.progress import progress
 from infra.secrets import engine_key
 from infra.vllm_engine import STARTED
@@ -60,9 +67,12 @@ from load.runner import run_load
 
 
 class Prepared:
-    """Everything checked before any engine starts."""
+    """Everything checked before any engine starts. `engine_host`: checked where the engines
+    will run; elsewhere (a submission from a control host) a CUDA spec's placement is planned
+    only when the GPUs are known (nvidia-smi, or the spec's gpu_memory_gib)."""
 
-    def __init__(self, spec_path: Path, run_checks: bool = False) -> None:
+    def __init__(self, spec_path: Path, run_checks: bool = False,
+                 engine_host: bool = True) -> None:
         """`run_checks`: also import and run a user eval set's own row checker (a run, which
         imports its code to score anyway); without it the set's code is only read."""
         self.spec_path = spec_path
@@ -98,6 +108,9 @@ class Prepared:
             profile = str(base / profile)
         self.profile: LoadProfile = load_profile(profile)
         self.profile.check_fits(getattr(engine, "max_model_len", None), profile)
+        # Where each CUDA engine goes, and that they fit, before any starts (None off CUDA).
+        self.placement = plan_run_placement(self.spec, self.stages, kv_tokens_needed(
+            self.profile, getattr(engine, "max_model_len", None)), required=engine_host)
         # Replayed load prompts are read and tokenized now: a bad prompt file fails before any engine.
         self.load_prompts: LoadPrompts | None = prepare(self.profile, self.spec.baseline.checkpoint)
         self.policy: GatePolicy = load_policy(self.spec.gate_policy, base)
@@ -153,7 +166,7 @@ def measure_quality(
         parents = [s for s in prepared.stages if s.name == stage.parent]
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
                                   prepared.policy, prepared.pools, settings.num_concurrent, kept,
-                                  parents[0] if parents else None)
+                                  parents[0] if parents else None, prepared.placement)
 
 
 def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,
@@ -285,8 +298,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
-        spec_port_free(spec, kept), stage.checkpoint, stage.engine_flags, folder / "engine.log",
-        stage.name
+        spec_port_free(spec, kept, prepared.placement), stage.checkpoint, stage.engine_flags,
+        folder / "engine.log", stage.name
     )
     logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
     try:
@@ -313,8 +326,9 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
             record.error = f"the engine died during the stage (log {folder / 'engine.log'}): {err}"
         logger.error("stage %s: %s", stage.name, record.error)
     except EngineError as err:
-        if record.facts is None and (stage.parent is None or isinstance(err, PortInUseError)):
-            record.error = str(err)  # no baseline, or a busy port: nothing can be judged
+        if record.facts is None and (stage.parent is None or
+                                     isinstance(err, (PortInUseError, GpuBusyError))):
+            record.error = str(err)  # no baseline, a busy port or GPU: nothing can be judged
             record.timings = stage_timings(record, clock, time.monotonic() - started)
             record.save(folder)
             raise
@@ -360,7 +374,7 @@ def measure_speed(stage: Stage, prepared: Prepared, facts: EngineFacts, folder: 
         logger.info("stage %s: timed against %s beside it in interleaved rounds (%s)", stage.name,
                     reference.name, how)
         with engine_beside(spec, reference, folder / "reference-engine.log",
-                           REFERENCE_PORT_OFFSET, kept) as reference_facts, \
+                           REFERENCE_PORT_OFFSET, kept, prepared.placement) as reference_facts, \
                 timed(clock, "load"):
             clock["reference_startup"] = reference_facts.startup_s or 0.0
             record.load, record.paired_load = measure_paired_load(
@@ -572,7 +586,8 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
     results_dir = (settings.results_dir / f"{spec.candidate}-{stamp}-{uuid.uuid4().hex[:6]}"
                    ).resolve()
     manifest = RunManifest(candidate=spec.candidate, stages=[], spec_path=str(spec_path),
-                           registry_version=registry_version)
+                           registry_version=registry_version,
+                           placement=prepared.placement.model_dump() if prepared.placement else None)
     tracker = Tracker(settings.mlflow_tracking_uri, settings.mlflow_experiment)
     params = {"spec": str(spec_path), "results_dir": str(results_dir),
               "stages": " > ".join(s.name for s in prepared.stages),
@@ -600,7 +615,8 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             report = write_report(
                 verdict, records, report_dir, signer=settings.signer,
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
-                workload_source=f"load profile {spec.load_profile}")
+                workload_source=f"load profile {spec.load_profile}",
+                placement=prepared.placement.describe() if prepared.placement else ())
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
         manifest.timings |= {phase: round(seconds, 2) for phase, seconds in clock.items()}

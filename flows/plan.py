@@ -83,9 +83,16 @@ def _merge(parent: EngineFlags, override: EngineFlags | None) -> EngineFlags:
     return EngineFlags.model_validate(merged)
 
 
-def _axes(stage_name: str, checkpoint: Path, flags: EngineFlags) -> Axes:
+# The declared coupled change: online W8A8 quantizes weights and activations in one flag.
+COUPLED = {"weights_activations": ["weights", "activations"]}
+ONE_AT_A_TIME = ("put a weights-only stage before it (for online FP8: an FP8 weight-only "
+                 "checkpoint, `quantgate prepare-candidates fp8-tensor`), or declare kind "
+                 "weights_activations to accept weights and activations at once")
+
+
+def _axes(stage_name: str, checkpoint: Path, flags: EngineFlags, device: str) -> Axes:
     try:
-        return derive_axes(read_config(checkpoint), flags.model_dump())
+        return derive_axes(read_config(checkpoint), flags.model_dump(), device)
     except SpecError as err:
         raise SpecError(f"stage {stage_name!r}: {err}") from err
 
@@ -95,6 +102,8 @@ def plan(spec: Spec) -> list[Stage]:
     (a control stage changes none: it serves its parent again; a structured_output stage
     serves it again too, asked with guided decoding)."""
     base_flags = spec.baseline.engine_flags
+    # Axes as the engine's build serves them; an external server is taken to be a CUDA vLLM.
+    device = getattr(spec.engine, "device", "cuda")
     stages = {
         "baseline": Stage(
             name="baseline",
@@ -102,7 +111,7 @@ def plan(spec: Spec) -> list[Stage]:
             parent=None,
             checkpoint=spec.baseline.checkpoint,
             engine_flags=base_flags,
-            axes=_axes("baseline", spec.baseline.checkpoint, base_flags),
+            axes=_axes("baseline", spec.baseline.checkpoint, base_flags, device),
         )
     }
     if stages["baseline"].axes.weights != "none" or stages["baseline"].axes.activations != "none":
@@ -113,7 +122,7 @@ def plan(spec: Spec) -> list[Stage]:
         parent = stages[item.parent]
         checkpoint = item.checkpoint or parent.checkpoint
         flags = _merge(parent.engine_flags, item.engine_flags)
-        axes = _axes(item.name, checkpoint, flags)
+        axes = _axes(item.name, checkpoint, flags, device)
         changed = axes.differences(parent.axes)
         if item.kind in ("control", "structured_output"):
             # The exceptions to the one-change rule: the parent again, to measure the noise, or
@@ -127,15 +136,30 @@ def plan(spec: Spec) -> list[Stage]:
                 f"stage {item.name!r} changes no axis against its parent {parent.name!r} "
                 f"(both serve {axes.describe()}); a stage must change exactly one axis"
             )
-        if len(changed) > 1:
-            detail = "; ".join(
-                f"{axis}: {getattr(parent.axes, axis)} -> {getattr(axes, axis)}" for axis in changed
-            )
+        detail = "; ".join(
+            f"{axis}: {getattr(parent.axes, axis)} -> {getattr(axes, axis)}" for axis in changed
+        )
+        if item.kind in COUPLED:
+            if changed != COUPLED[item.kind]:
+                extra = [axis for axis in changed if axis not in COUPLED[item.kind]]
+                hint = (f"; move the {', '.join(extra)} change to a stage of its own after it"
+                        if extra else "")
+                raise SpecError(
+                    f"stage {item.name!r} is declared kind {item.kind!r} (weights and "
+                    f"activations at once) but what it serves changes {', '.join(changed)} "
+                    f"against its parent {parent.name!r} ({detail}){hint}")
+        elif len(changed) > 1:
+            coupled = COUPLED["weights_activations"]
+            hint = "split it into one stage per axis"
+            if changed[:2] == coupled:  # online W8A8, perhaps with a KV cache flag too
+                rest = changed[2:]
+                hint = ONE_AT_A_TIME + (f"; and the {', '.join(rest)} change in a stage of its "
+                                        "own after it" if rest else "")
             raise SpecError(
                 f"stage {item.name!r} changes {len(changed)} axes against its parent "
-                f"{parent.name!r} ({detail}); a stage must change exactly one axis"
+                f"{parent.name!r} ({detail}); a stage must change exactly one axis: {hint}"
             )
-        if changed[0] != item.kind:
+        elif changed[0] != item.kind:
             raise SpecError(
                 f"stage {item.name!r} is declared kind {item.kind!r} but what it serves changes "
                 f"{changed[0]} ({getattr(parent.axes, changed[0])} -> {getattr(axes, changed[0])})"

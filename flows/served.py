@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.axes import KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
+from flows.axes import CALIBRATED, KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
 from flows.plan import Stage
 from infra.errors import EngineError, SpecError
 
@@ -86,6 +86,8 @@ def _served_weights(stage: Stage, method: str | None,
         except SpecError as err:
             return f"quantization {method!r} ({err})"
         return weights, activations
+    if not own and method in ONLINE_QUANTIZATION and method == stage.engine_flags.quantization:
+        return stage.axes.weights, stage.axes.activations  # derived from this method and device
     if not own and method in ONLINE_QUANTIZATION:
         online = ONLINE_QUANTIZATION[method]
         return online.get("weights", "none"), online.get("activations", "none")
@@ -100,7 +102,7 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     judged on what it exposes (/metrics); quantgate's own vLLM must also show its start-up log."""
     name, axes, problems = stage.name, stage.axes, []
     kv = served.cache_dtype or served.config.get("kv_cache_dtype")
-    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache:
+    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache.removesuffix(CALIBRATED):
         problems.append(f"stage {name} serves kv_cache {KV_CACHE_DTYPES.get(kv, kv)} "
                         f"but its axes say {axes.kv_cache}")
     if external:
@@ -158,6 +160,17 @@ def observe(base_url: str, model: str, cache_dtype: str | None, log_path: Path |
     return Served(model_root=root, cache_dtype=cache_dtype, config=engine_config(log_text))
 
 
+def kernel_mismatches(stage: Stage, facts) -> list[str]:
+    """What the kernels the engine picked contradict in the stage's axes: FP8 activations on a
+    GPU without FP8 units, where vLLM runs FP8 weights through Marlin (weight-only)."""
+    if getattr(facts, "fp8_marlin_fallback", False) and stage.axes.activations.startswith("float8"):
+        return [f"stage {stage.name}: vLLM ran its FP8 weights through the Marlin fallback (this "
+                "GPU has no FP8 units: weights only, activations unquantized) but its axes say "
+                f"activations {stage.axes.activations}; serve it on a GPU with FP8 (sm89+: L40S, "
+                "H100, B200), or measure a weights stage there instead"]
+    return []
+
+
 def check_served(stage: Stage, facts, engine_spec, log_path: Path | None) -> None:
     """Raise ServedMismatchError when the engine serving `stage` does not serve its axes."""
     from infra.checkpoint import read_config
@@ -167,7 +180,7 @@ def check_served(stage: Stage, facts, engine_spec, log_path: Path | None) -> Non
                      None if external else log_path)
     config = {} if external else read_config(stage.checkpoint)
     problems = mismatches(stage, served, config, dtype=getattr(engine_spec, "dtype", None),
-                          external=external)
+                          external=external) + kernel_mismatches(stage, facts)
     if problems:
         where = f" (log {log_path})" if log_path and not external else ""
         raise ServedMismatchError("; ".join(problems) + where)

@@ -364,7 +364,8 @@ def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> 
     for candidate in poll(client, watched, seen):
         try:
             spec = materialize(candidate, specs_dir)
-            Prepared(spec)  # a spec that cannot run is an error on the version, not a queued run
+            # A spec that cannot run is an error on the version, not a queued run.
+            Prepared(spec, engine_host=False)
             run_id, what = submit(spec, key=candidate.key, registry_version=candidate.key)
         except ServiceError as err:
             # Prefect down or slow is not the version's fault: the next poll offers it again.

@@ -25,7 +25,8 @@ from infra.secrets import redact, remember, split_api_key
 from infra.values import Seconds
 from infra.yamlfile import load_model
 
-STAGE_KINDS = ("weights", "activations", "kv_cache", "control", "structured_output")
+STAGE_KINDS = ("weights", "activations", "kv_cache", "weights_activations", "control",
+               "structured_output")
 # Kinds that serve the parent's exact configuration again (no checkpoint, no engine flags).
 SAME_SERVING = {"control": "control", "structured_output": "structured_output stage"}
 SAME_SERVING_KINDS = tuple(SAME_SERVING)
@@ -44,6 +45,7 @@ REFUSED_FLAGS: dict[str, str] = {
     "max-model-len": f"use engine.max_model_len{_TYPED}",
     "enforce-eager": f"use engine.enforce_eager{_TYPED}",
     "gpu-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
+    "tensor-parallel-size": f"use engine.tensor_parallel_size{_TYPED}",
     "device-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
     "quantization": f"use engine_flags.quantization{_TYPED}",
     "kv-cache-dtype": f"use engine_flags.kv_cache_dtype{_TYPED}",
@@ -60,7 +62,7 @@ REFUSED_FLAGS: dict[str, str] = {
     "config": "it reads more vLLM options from a file quantgate does not check; list them in "
               "extra_args",
 }
-SHORT_FLAGS = {"-q": "quantization"}  # vLLM's short aliases of refused flags
+SHORT_FLAGS = {"-q": "quantization", "-tp": "tensor-parallel-size"}  # vLLM's short aliases of refused flags
 
 
 def refused_flag(arg: str) -> str | None:
@@ -145,7 +147,22 @@ class VllmEngineSpec(Strict):
     omp_threads_bind: str | None = Field(
         default=None, description="VLLM_CPU_OMP_THREADS_BIND; default: all cores."
     )
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="CUDA only.")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1,
+        description="CUDA only: each engine's share of its GPUs' memory. Left unset, the "
+        "placement plan (infra/placement.py) gives 0.9 to an engine alone on its GPUs and "
+        "0.47 to each of two engines sharing one.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64,
+                                      description="CUDA only: GPUs per engine (--tensor-parallel-size).")
+    cuda_visible_devices: str | None = Field(
+        default=None, pattern=r"^\d+(,\d+)*$",
+        description="CUDA only: the GPUs this run may use, e.g. '0,1'; default: "
+        "CUDA_VISIBLE_DEVICES, else all. The placement plan gives each engine its own from these.")
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0, description="CUDA only: each GPU's memory where nvidia-smi cannot "
+        "tell (validating on another machine); default: what nvidia-smi says.")
+    gpu_count: int | None = Field(default=None, ge=1, le=64,
+                                  description="CUDA only: GPUs on the host, with gpu_memory_gib.")
     enforce_eager: bool = Field(default=False, description="Skip compile: faster start, slower decode.")
     max_model_len: int | None = Field(default=4096, ge=16, le=MAX_CONTEXT_TOKENS,
                                       description="--max-model-len.")
@@ -156,6 +173,17 @@ class VllmEngineSpec(Strict):
         description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
 
     check_extra_args = field_validator("extra_args")(_check_extra_args)
+
+    @model_validator(mode="after")
+    def _cuda_settings(self) -> VllmEngineSpec:
+        cuda_only = ("tensor_parallel_size", "cuda_visible_devices", "gpu_memory_gib", "gpu_count")
+        named = [name for name in cuda_only if name in self.model_fields_set]
+        if self.device != "cuda" and named:
+            raise ValueError(f"{', '.join(named)}: CUDA settings on device {self.device!r}; "
+                             "set engine.device: cuda or remove them")
+        if self.gpu_count is not None and self.gpu_memory_gib is None:
+            raise ValueError("gpu_count needs gpu_memory_gib (each GPU's memory)")
+        return self
 
     @model_validator(mode="after")
     def _kv_cache_fits_memory(self) -> VllmEngineSpec:
@@ -224,8 +252,11 @@ class BaselineSpec(Strict):
 
 class StageSpec(Strict):
     name: str = Field(pattern=f"^{STAGE_NAME}$", description="Unique stage name.")
-    kind: Literal["weights", "activations", "kv_cache", "control", "structured_output"] = Field(
-        description="The one axis this stage changes; checked against what is served. 'control' "
+    kind: Literal["weights", "activations", "kv_cache", "weights_activations", "control",
+                  "structured_output"] = Field(
+        description="The one axis this stage changes; checked against what is served. "
+        "'weights_activations' declares the coupled change of online W8A8 (e.g. quantization: "
+        "fp8) on purpose: both axes at once, marked so in the report. 'control' "
         "serves the parent's exact configuration again (no checkpoint, no flags): it must go, "
         "and measures the noise floor of your own hardware. 'structured_output' also serves the "
         "parent's configuration, and asks with the engine's guided decoding: eval items that "

@@ -21,7 +21,8 @@ SCHEMA_VERSION = 1
 # them was not written by quantgate.
 CANDIDATE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 STAGE_NAME = r"[a-z0-9][a-z0-9_-]*"
-STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "control", "structured_output")
+STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "weights_activations", "control",
+               "structured_output")
 
 Record = TypeVar("Record", bound=BaseModel)
 
@@ -184,6 +185,9 @@ class RunManifest(BaseModel):
         default_factory=dict, description="Run phases in seconds: wall, stages, gating, reporting.")
     host_slot: list[str] = Field(
         default_factory=list, description="When the run held its engine host (UTC, from, to).")
+    placement: dict | None = Field(
+        default=None, description="Where the CUDA engines went (infra/placement.py): GPUs and "
+        "memory share per engine role; None off CUDA.")
 
     def save(self, results_dir: Path) -> None:
         results_dir.mkdir(parents=True, exist_ok=True)

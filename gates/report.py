@@ -13,6 +13,7 @@ from typing import Any
 
 from gates import plots, recovery
 from gates.context_curve import curve_tables
+from gates.engine_facts import engine_rows, kernel_changes
 from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
@@ -143,10 +144,6 @@ def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
     return out
 
 
-def _mb(value: int | None) -> str:
-    return f"{value / 1e6:,.1f} MB" if value else "-"
-
-
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} s"
 
@@ -168,30 +165,6 @@ def timing_rows(records: list[StageRecord], run: str) -> list[dict[str, str]]:
             "scoring": _seconds(t.scoring_s), "more": _seconds(t.more_items_s),
             "load": _seconds(t.load_s), "overhead": _seconds(t.overhead_s),
             "busy": f"{t.busy_s / t.wall_s:.0%}" if t.wall_s else "-"})
-    return rows
-
-
-def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
-    base = records[0].facts if records and records[0].facts else None
-    rows = []
-    for record in records:
-        f = record.facts
-        if f is None:
-            rows.append({"stage": record.name, "weights": "-", "kv": "-", "kv_dtype": "-",
-                         "startup": "-", "version": "-", "command": "(engine never came up)"})
-            continue
-        vs = {k: (f"{getattr(f, k) / getattr(base, k):.2f}x baseline"
-                  if base and getattr(base, k) and getattr(f, k) else "") for k in
-              ("weight_bytes", "kv_cache_tokens")}
-        rows.append({
-            "stage": record.name + (" (emulated)" if record.emulated else ""),
-            "weights": f"{_mb(f.weight_bytes)} {vs['weight_bytes']}".strip(),
-            "kv": f"{f.kv_cache_tokens:,} {vs['kv_cache_tokens']}".strip() if f.kv_cache_tokens
-            else "-",
-            "kv_dtype": str(f.kv_cache_dtype or record.axes.get("kv_cache", "-")),
-            "startup": f"{f.startup_s:.0f} s" if f.startup_s else "-",
-            "version": str(f.version or "-"), "command": f.command_line(),
-        })
     return rows
 
 
@@ -333,10 +306,13 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         changed[r.name] = ", ".join(
             f"{axis}: {parent.axes.get(axis)} → {value}" for axis, value in r.axes.items()
             if parent and parent.axes.get(axis) != value) or ("-" if parent else "baseline")
+        if r.kind == "weights_activations":  # declared on purpose: online W8A8 moves both
+            changed[r.name] += " (two axes at once, declared: effects not separated)"
     return {
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
+        "kernel_changes": kernel_changes(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
         "cache": cache_rows(records, run), "comparability": comparability_rows(records),
@@ -363,7 +339,7 @@ def _environment(autoescape: bool):
 def write_report(
     verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
-    whatif_gpus: Sequence[str] = DEFAULT_GPUS,
+    whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
     table, when it has quality results) and the figures (PNG) into out_dir.
@@ -373,6 +349,7 @@ def write_report(
     `workload` (`gates.whatif.workload_from_profile(profile)`) and `workload_source`: the run's
     load profile for the capacity what-if; without it the what-if predicts the reference
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
+    `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
@@ -386,6 +363,7 @@ def write_report(
     images = {name: path for name, path in drawn.items() if path is not None}
     whatif = whatif_section(records, workload, workload_source, whatif_gpus)
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif)
+    context["placement"] = list(placement)
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

@@ -22,10 +22,32 @@ class EngineFacts(BaseModel):
     kv_cache_dtype: str | None = None
     kv_cache_bytes: int | None = None
     weight_bytes: int | None = Field(default=None, description="Checkpoint size on disk.")
+    kv_cache_tokens_from: str | None = Field(
+        default=None, description="Where kv_cache_tokens was read: the kv_cache_size_tokens "
+        "label, num_gpu_blocks x block_size, or the start-up log.")
+    weight_memory_bytes: int | None = Field(
+        default=None, description="Device memory the loaded weights took (the log's 'Model "
+        "loading took X GiB', summed over ranks): right for online quantization and TP.")
+    quantization: str | None = Field(default=None, description="The method the engine ran.")
+    linear_kernels: list[str] = Field(default_factory=list,
+                                      description="'Kernel for Method' as the log names them.")
+    fp8_marlin_fallback: bool = Field(
+        default=False, description="FP8 weights through Marlin on a GPU without FP8 units: "
+        "weight-only, activations unquantized.")
+    attention_backend: str | None = None
     max_model_len: int | None = None
     startup_s: float | None = Field(default=None, description="Seconds from launch to healthy.")
     pid: int | None = Field(default=None, description="The engine's process, when this run "
                             "started it (its CPU is the run's own, not contention).")
+
+    def kernels(self) -> str | None:
+        """The kernels as one line (None when the engine did not say)."""
+        if not (self.linear_kernels or self.attention_backend or self.fp8_marlin_fallback):
+            return None
+        from infra.vllm_facts import kernel_summary
+
+        return kernel_summary(self.quantization, self.linear_kernels, self.fp8_marlin_fallback,
+                              self.attention_backend)
 
     def command_line(self) -> str:
         """The command as one shell line, environment first, ready to paste."""

@@ -25,6 +25,11 @@ class PortInUseError(EngineError):
     """The engine's port is taken: the environment's fault, not the candidate's."""
 
 
+class GpuBusyError(EngineError):
+    """An engine's GPUs lack the free memory its share needs (a stopped engine has not let go,
+    or another process holds it): the host's fault, not the candidate's."""
+
+
 class MeasurementError(QuantgateError):
     """A measurement (quality, load) could not be completed."""
 

@@ -16,8 +16,10 @@ from infra.checkpoint import read_config, weight_bytes
 from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError, PortInUseError
+from infra.placement import wait_until_free
 from infra.probe import cache_config, get_json, healthy, optional_int
 from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
+from infra.vllm_facts import kv_tokens_from_metrics, read_log
 
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # Every engine this process started, in order, as (stage served, log): a run records them.
@@ -74,7 +76,32 @@ def build_command(
         env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
     else:
         command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+        if spec.tensor_parallel_size > 1:
+            command += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+        if spec.cuda_visible_devices:  # the placement plan's GPUs for this engine
+            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
     return command, env
+
+
+def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, log: str,
+                 command: list[str], env: dict[str, str], disk_bytes: int | None) -> EngineFacts:
+    """The facts of a healthy vLLM engine from its /v1/models entry, /metrics and start-up log:
+    KV tokens from the label, else the block count, else the log (vllm_facts)."""
+    cache = cache_config(metrics)
+    logged = read_log(log)
+    kv_tokens, kv_from = kv_tokens_from_metrics(metrics)
+    if kv_tokens is None and logged.kv_cache_tokens is not None:
+        kv_tokens, kv_from = logged.kv_cache_tokens, "start-up log"
+    return EngineFacts(
+        base_url=base_url, model=model["id"], command=command, env=env, version=version,
+        kv_cache_tokens=kv_tokens, kv_cache_tokens_from=kv_from,
+        kv_cache_dtype=cache.get("cache_dtype"),
+        kv_cache_bytes=optional_int(cache.get("kv_cache_memory_bytes")) or logged.kv_cache_bytes,
+        weight_bytes=disk_bytes, weight_memory_bytes=logged.weight_memory_bytes,
+        quantization=logged.quantization, linear_kernels=logged.linear_kernels,
+        fp8_marlin_fallback=logged.fp8_marlin_fallback,
+        attention_backend=logged.attention_backend, max_model_len=model.get("max_model_len"),
+    )
 
 
 @register
@@ -100,6 +127,10 @@ class VllmEngine(Engine):
                 "stop what holds it or set engine.port in the spec"
             )
         command, env = build_command(self.spec, self.checkpoint, self.flags, reveal=True)
+        if self.spec.device == "cuda" and self.spec.cuda_visible_devices:
+            # The engine stopped before on these GPUs must have let go of its memory.
+            wait_until_free([int(i) for i in self.spec.cuda_visible_devices.split(",")],
+                            self.spec.gpu_memory_utilization)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         STARTED.append((self.stage, self.log_path))
         started = time.monotonic()
@@ -138,19 +169,9 @@ class VllmEngine(Engine):
         models = get_json(self.base_url, "/v1/models")["data"]
         version = get_json(self.base_url, "/version").get("version")
         metrics = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        cache = cache_config(metrics)
-        return EngineFacts(
-            base_url=self.base_url,
-            model=models[0]["id"],
-            command=command,
-            env=env,
-            version=version,
-            kv_cache_tokens=optional_int(cache.get("kv_cache_size_tokens")),
-            kv_cache_dtype=cache.get("cache_dtype"),
-            kv_cache_bytes=optional_int(cache.get("kv_cache_memory_bytes")),
-            weight_bytes=weight_bytes(self.checkpoint),
-            max_model_len=models[0].get("max_model_len"),
-        )
+        return engine_facts(self.base_url, models[0], version, metrics,
+                            self.log_path.read_text(errors="replace") if self.log_path.exists()
+                            else "", command, env, weight_bytes(self.checkpoint))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -62,7 +62,7 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
         return answers("math", [truth(i) for i in range(stop)]).tasks["math"].items[start:]
 
     @contextlib.contextmanager
-    def fake_engine(spec_, stage, log_path, port_offset, kept=None):
+    def fake_engine(spec_, stage, log_path, port_offset, kept=None, placement=None):
         assert stage.name == "baseline" and port_offset == 2
         yield EngineFacts(base_url="http://b", model="baseline", command=["vllm"])
 

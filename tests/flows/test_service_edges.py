@@ -282,7 +282,7 @@ def test_a_service_failure_leaves_the_registered_version_for_the_next_poll(monke
     monkeypatch.setattr(registry, "materialize", lambda candidate, folder: tmp_path / "spec.yaml")
     monkeypatch.setattr(registry, "mark", lambda client, candidate, status, **tags:
                         marked.append(status))
-    monkeypatch.setattr(acceptance, "Prepared", lambda spec: None)
+    monkeypatch.setattr(acceptance, "Prepared", lambda spec, engine_host=True: None)
 
     def unreachable(*args, **kwargs):
         raise service.ServiceError("the Prefect API at http://127.0.0.1:1/api did not answer")

@@ -1,0 +1,126 @@
+"""A CUDA run's placement, planned from its spec and stages: every engine's GPUs and share, and
+the engine settings (command, environment) each engine is started with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from flows.engines import kv_bytes_per_token, kv_tokens_needed, placed, plan_run_placement, spec_port_free
+from flows.plan import plan
+from flows.spec import Spec
+from infra.errors import SpecError
+from infra.placement import declared_gpus
+from infra.vllm_engine import build_command
+from load.profile import load_profile
+from tests.flows.checkpoints import make_checkpoint
+
+DEMO_CONFIG = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "head_dim": 64, "hidden_size": 576}
+
+
+def demo_chain(tmp_path: Path, **engine) -> Spec:
+    """The demo model's shape: baseline, then an fp8 KV cache stage timed against it."""
+    base = make_checkpoint(tmp_path / "bf16")
+    config = json.loads((base / "config.json").read_text()) | DEMO_CONFIG
+    (base / "config.json").write_text(json.dumps(config))
+    return Spec.model_validate({
+        "candidate": "c", "baseline": {"checkpoint": str(base)},
+        "engine": {"kind": "vllm", "device": "cuda", **engine},
+        "stages": [{"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}}],
+        "evalsets": [{"name": "math", "limit": 40}],
+    })
+
+
+def test_the_demo_on_one_gpu_splits_it_and_each_engine_gets_its_gpus_in_its_environment(tmp_path):
+    spec = demo_chain(tmp_path)
+    stages = plan(spec)
+    placement = plan_run_placement(spec, stages, 5120, declared_gpus(80, 1))
+    assert placement.shared
+    stage_engine = spec_port_free(spec, None, placement)
+    beside = placed(spec.engine, placement, beside=True)
+    for engine in (stage_engine, beside):
+        command, env = build_command(engine, Path("/m"), stages[1].engine_flags)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert command[command.index("--gpu-memory-utilization") + 1] == "0.47"
+    # The spec itself is left as written (its cache key does not move with the host).
+    assert spec.engine.gpu_memory_utilization == 0.9
+
+
+def test_the_demo_on_eight_gpus_puts_the_engine_beside_on_its_own(tmp_path):
+    spec = demo_chain(tmp_path, tensor_parallel_size=2)
+    placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
+    command, env = build_command(placed(spec.engine, placement, beside=True), Path("/m"),
+                                 plan(spec)[0].engine_flags)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.9"
+    roles = {(e["role"], e["stage"]) for e in placement.engines}
+    assert roles == {("stage", "baseline"), ("stage", "kv"), ("beside", "baseline")}
+
+
+def test_a_cpu_spec_has_no_placement_and_its_engine_is_unchanged(tmp_path):
+    spec = demo_chain(tmp_path).model_copy(deep=True)
+    spec.engine = spec.engine.model_copy(update={"device": "cpu"})
+    assert plan_run_placement(spec, plan(spec), 5120, []) is None
+    assert placed(spec.engine, None, beside=True) is spec.engine
+    _, env = build_command(spec.engine, Path("/m"), plan(spec)[0].engine_flags)
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_a_spec_whose_engines_cannot_share_the_gpu_is_refused(tmp_path):
+    spec = demo_chain(tmp_path, gpu_memory_utilization=0.9)
+    with pytest.raises(SpecError, match="set engine.gpu_memory_utilization at most 0.47"):
+        plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 1))
+
+
+def test_the_users_gpus_are_the_ones_planned_on(tmp_path):
+    spec = demo_chain(tmp_path, cuda_visible_devices="4,5", gpu_memory_gib=80)
+    placement = plan_run_placement(spec, plan(spec), 5120)
+    assert (placement.stage.visible_devices, placement.beside.visible_devices) == ("4", "5")
+    assert [g.index for g in placement.gpus] == [4, 5]
+
+
+def test_cuda_settings_on_a_cpu_engine_and_tp_in_extra_args_are_refused(tmp_path):
+    with pytest.raises(ValidationError, match="tensor_parallel_size: CUDA settings on device 'cpu'"):
+        Spec.model_validate({"candidate": "c", "baseline": {"checkpoint": str(tmp_path)},
+                             "engine": {"device": "cpu", "tensor_parallel_size": 2},
+                             "stages": [{"name": "c", "kind": "control"}],
+                             "evalsets": [{"name": "math"}]})
+    with pytest.raises(ValidationError, match="use engine.tensor_parallel_size"):
+        Spec.model_validate({"candidate": "c", "baseline": {"checkpoint": str(tmp_path)},
+                             "engine": {"device": "cuda", "extra_args": ["-tp", "2"]},
+                             "stages": [{"name": "c", "kind": "control"}],
+                             "evalsets": [{"name": "math"}]})
+
+
+def test_kv_needs_follow_the_profile_and_the_cache_dtype(tmp_path):
+    profile = load_profile("demo")
+    # demo: 4 users high, a capacity pool of 32, 128 + 32 tokens; max_model_len 4096.
+    assert kv_tokens_needed(profile, 4096) == 32 * 160
+    assert kv_tokens_needed(profile, 8192) == 8192
+    folder = demo_chain(tmp_path).baseline.checkpoint
+    assert kv_bytes_per_token(folder, "auto", "bfloat16") == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(folder, "fp8_e4m3", "bfloat16") == 2 * 30 * 3 * 64
+
+
+def test_the_plan_recorded_in_the_manifest_reads_back_for_a_later_report(tmp_path):
+    from flows.cli import _run_placement
+    from gates.record import RunManifest
+
+    spec = demo_chain(tmp_path)
+    placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
+    RunManifest(candidate="c", stages=[], placement=placement.model_dump()).save(tmp_path / "run")
+    assert _run_placement(tmp_path / "run") == placement.describe()
+    assert "CUDA_VISIBLE_DEVICES=1" in placement.describe()[2]
+    assert _run_placement(tmp_path / "missing") == []
+
+
+def test_away_from_the_engine_host_an_unknown_gpu_is_left_to_the_worker(tmp_path):
+    spec = demo_chain(tmp_path)
+    assert plan_run_placement(spec, plan(spec), 5120, [], required=False) is None
+    with pytest.raises(SpecError, match="no GPU is known"):
+        plan_run_placement(spec, plan(spec), 5120, [])
