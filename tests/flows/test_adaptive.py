@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
+
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from evalsets.runner import _slice
 from evalsets.spec import EvalSetSpec
@@ -95,9 +97,12 @@ def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches()
                       parent_served=True) == {"math": 240}
 
 
-def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, monkeypatch):
+@pytest.mark.parametrize("placement", [None, "one GPU"])
+def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, monkeypatch,
+                                                                   placement):
     """activations is judged on length against weights: at the first look's 60 items the ratio is
-    unresolved, so weights answers the new items beside it (and the baseline too)."""
+    unresolved, so weights answers the new items beside it (and the baseline too). On a planned
+    GPU host the plan has one place beside the stage: one of the two is up at a time."""
     spec = load_spec(write_spec(tmp_path))
     baseline, weights, activations, _ = plan(spec)
     results = tmp_path / "run"
@@ -110,10 +115,10 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
                 item.output_tokens = round(item.output_tokens * (1.8, 1, 0.7, 1)[i % 4])
         return quality
 
-    StageRecord(name="baseline", kind="baseline", parent=None, axes={},
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={}, comparability=asked_as(60),
                 quality=lengths(60)).save(results / "baseline")
     StageRecord(name="weights", kind="weights", parent="baseline", axes={},
-                quality=lengths(60)).save(results / "weights")
+                comparability=asked_as(60), quality=lengths(60)).save(results / "weights")
     scored: list[tuple[str, int, int]] = []
 
     def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent,
@@ -122,19 +127,26 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
         return lengths(stop, facts.model == "activations").tasks["math"].items[start:]
 
     offsets: dict[str, int] = {}
+    up: set[str] = set()
+    most_up = []
 
     @contextlib.contextmanager
-    def fake_engine(spec_, stage, log_path, port_offset, kept=None):
+    def fake_engine(spec_, stage, log_path, port_offset, kept=None, placement=None):
         offsets[stage.name] = port_offset
+        up.add(stage.name)
+        most_up.append(len(up))
         yield EngineFacts(base_url=f"http://{stage.name}", model=stage.name, command=["vllm"])
+        up.discard(stage.name)
 
     monkeypatch.setattr(adaptive, "_score", fake_score)
     monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
     stage_facts = EngineFacts(base_url="http://s", model="activations", command=["vllm"])
     quality = adaptive.grow_until_decided(
-        activations, lengths(60, True), stage_facts, spec, baseline, results, POLICY, {"math": 1000}, 2,
-        parent_stage=weights)
+        activations, lengths(60, True), stage_facts, spec, baseline, results, POLICY,
+        {"math": 1000}, 2, parent_stage=weights, placement=placement)
     assert ("weights", 60, 120) in scored, scored
+    assert not up  # every engine started beside the stage has stopped
+    assert max(most_up) == (1 if placement else 2)
     assert offsets["weights"] not in (offsets.get("baseline"), 0)
     grown = StageRecord.read(results / "weights")
     assert len(grown.quality.tasks["math"].items) == len(quality.tasks["math"].items) > 60
