@@ -6,10 +6,10 @@ chance of a false go stays within alpha however many there are):
 - the pooled rule over the sets that can vouch, at the precision class's margin;
 - every set on its own, at the set margin (a multiple of the pooled one: a set's own items can
   resolve only a larger loss), capped where the set sits on the error scale: near the ceiling
-  the stage may make at most `max_error_ratio` times the baseline's errors (95 % -> 87 % is 2.6x
-  the errors, though only 8 points), near the floor it must keep 1/`max_error_ratio` of the
-  right answers; a set whose baseline has fewer right answers than even that margin's worth
-  cannot vouch and is shown;
+  the stage may make at most `max_error_ratio` times the baseline's errors (95 % -> 85 % is 3x
+  the errors, though only 10 points), never below the pooled margin; near the floor it must
+  keep 1/`max_error_ratio` of the right answers; a set whose baseline has fewer right answers
+  than that margin's worth cannot vouch and is shown;
 - every group of a set (the long-context length buckets) at the group margin, when the stage
   serves a quantized KV cache (long context is where KV error shows) or the policy asks for
   groups always; otherwise a group only fails on confident harm.
@@ -113,14 +113,16 @@ class SetCounts:
     def design_effect(self) -> float:
         return self.strata[0].design_effect if self.strata else 1.0
 
-    def own_margin(self, margin: float, error_ratio: float) -> float:
+    def own_margin(self, margin: float, error_ratio: float, floor: float) -> float:
         """The set's margin on a scale that still resolves where the set sits: `margin` points,
-        but never so many that the stage could make more than `error_ratio` times the baseline's
-        errors (near the ceiling: 95 % -> 87 % is 2.6x the errors) or keep less than
-        1/`error_ratio` of its right answers (near the floor). The baseline's accuracy is read
-        with half an item added each way (Jeffreys), so 20/20 is not taken for certainty."""
+        but no more than lets the stage make `error_ratio` times the baseline's errors (near the
+        ceiling: 95 % -> 85 % is 3x the errors) or keep only 1/`error_ratio` of its right answers
+        (near the floor), and never less than `floor` (the pooled margin): a set the baseline
+        gets all or nearly all right (or wrong) must still be able to pass when nothing changed.
+        The baseline's accuracy is read with half an item added each way (Jeffreys)."""
         accuracy = (self.baseline_correct + 0.5) / (self.n + 1)
-        return min(margin, (error_ratio - 1) * (1 - accuracy), (1 - 1 / error_ratio) * accuracy)
+        capped = min(margin, (error_ratio - 1) * (1 - accuracy), (1 - 1 / error_ratio) * accuracy)
+        return max(min(floor, margin), capped)
 
     def needed(self, margin: float, level: float, power: float) -> int:
         """Items at which a set as good as the baseline would resolve at `margin` with `power`:
@@ -338,7 +340,7 @@ def checks_at_look(
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, s.own_margin(set_margin, ratio), True, policy) for s in sets]
+    checks += [set_check(s, s.own_margin(set_margin, ratio, margin), True, policy) for s in sets]
     return checks + group_checks
 
 
@@ -423,7 +425,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     def unresolved(counts: SetCounts, at: float, capped: bool = True) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
-        at = counts.own_margin(at, ratio) if capped else at
+        at = counts.own_margin(at, ratio, margin) if capped else at
         if counts.n < q.min_items:
             return q.min_items
         if counts.bound(at) or _outcome(*score_interval(counts.strata, level)[1:],

@@ -30,7 +30,8 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"every set on its own (intersection-union: all must pass), at {q.set_margin_factor:g}x "
             f"the margin, capped where the set sits so that the stage makes at most "
             f"{q.max_error_ratio:g}x the baseline's errors (near the ceiling) and keeps at least "
-            f"1/{q.max_error_ratio:g} of its right answers (near the floor)")},
+            f"1/{q.max_error_ratio:g} of its right answers (near the floor), never below the "
+            "pooled margin")},
         {"rule": "quality.<set>.<group>", "method": (
             f"each group (long-context length bucket, a user set's group field) at "
             f"{q.group_margin_factor:g}x the margin; blocking for a stage serving a quantized KV "
