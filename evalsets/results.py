@@ -148,6 +148,11 @@ class QualityResult(BaseModel):
         "that one of them decided stays decided (group-sequential), so the gates judge each look "
         "on its own prefix of the items."
     )
+    own_sizes: dict[str, int] | None = Field(
+        default=None, description="Items per set this stage's own looks ended with, where a later "
+        "stage had it answer more as its parent served again (None: every item is its own): "
+        "those pair with that stage only and do not re-judge this one."
+    )
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

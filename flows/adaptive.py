@@ -113,6 +113,8 @@ def grow_until_decided(
                         num_concurrent))
                 parent_task = parent.tasks.get(name) if served else None
                 if parent_task is not None and wanted > len(parent_task.items):
+                    if parent.own_sizes is None:  # what the parent's own verdict rests on
+                        parent.own_sizes = {n: len(t.items) for n, t in parent.tasks.items()}
                     parent_facts = serve(parent_stage, results_dir / parent_stage.name
                                          / "engine-more-items.log", PARENT_PORT_OFFSET)
                     _extend(parent_task, _score(

@@ -278,7 +278,7 @@ def quality_checks(
     earlier = stage.quality.look_sizes if stage.quality is not None else []
     decided: dict[str, Check] = {}
     for look, sizes in enumerate(earlier, start=1):
-        for check in checks_at_look(_prefix(stage, sizes), parent, baseline, policy):
+        for check in checks_at_look(at_sizes(stage, sizes), parent, baseline, policy):
             # A look at which some set was too small to take part decides nothing pooled.
             if (check.rule not in decided and check.status in ("pass", "fail")
                     and "ci_low" in check.details and not check.details.get("sets_too_small")):
@@ -288,8 +288,8 @@ def quality_checks(
     return [decided.get(check.rule, check) for check in final]
 
 
-def _prefix(stage: StageRecord, sizes: dict[str, int]) -> StageRecord:
-    """The stage as an earlier look saw it: the first items of each set."""
+def at_sizes(stage: StageRecord, sizes: dict[str, int]) -> StageRecord:
+    """The stage as a look saw it: the first items of each set."""
     quality = stage.quality
     tasks = {name: task.model_copy(update={"items": task.items[:sizes.get(name, len(task.items))]})
              for name, task in quality.tasks.items()}

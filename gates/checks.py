@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gates.accuracy import quality_checks
+from gates.accuracy import at_sizes, quality_checks
 from gates.comparability import comparability_check
 from gates.divergence import divergence_checks, perplexity_checks
 from gates.latency import load_checks
@@ -55,6 +55,9 @@ def stage_checks(
     if parent.error:
         return [Check(rule="stage", passed=False,
                       reason=f"parent {parent.name!r} did not finish: nothing to compare with")]
+    # Judged on its own items: those it answered later as a served-again parent are its child's.
+    own = stage.quality.own_sizes if stage.quality is not None else None
+    stage = stage if own is None else at_sizes(stage, own)
     # Asked the same way as the baseline first: the other rules mean nothing otherwise.
     return (
         [comparability_check(stage, baseline)]

@@ -150,6 +150,7 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
     assert offsets["weights"] not in (offsets.get("baseline"), 0)
     grown = StageRecord.read(results / "weights")
     assert len(grown.quality.tasks["math"].items) == len(quality.tasks["math"].items) > 60
+    assert grown.quality.own_sizes == {"math": 60}  # its own verdict rests on its own 60
 
 
 def test_more_items_show_their_progress(tmp_path, monkeypatch):

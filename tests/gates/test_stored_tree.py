@@ -245,3 +245,27 @@ def test_decide_takes_no_stage_but_the_baseline_as_the_baseline():
     with pytest.raises(QuantgateError, match=r"^stages \['w', 'baseline'\]: 'w' \(parent "
                        r"'baseline'\) is listed first, not the baseline 'baseline'"):
         decide("c", [stage, baseline], GatePolicy())
+
+
+def test_items_a_parent_answered_for_its_child_do_not_re_judge_the_parent():
+    """w8 went on 120 items; a8's length looks served it again for 120 more, which drift. w8's
+    own verdict rests on its own 120 (QualityResult.own_sizes); a8 pairs with all 240."""
+    from gates.checks import stage_checks
+    from gates.policy import GatePolicy
+    from tests.gates.records import record
+
+    scores = [1.0, 0.0, 0.0] * 80
+    lengths = [(20, 40, 60)[i % 3] for i in range(240)]
+    baseline = record("baseline", None, scores, lengths)
+    drifted = lengths[:120] + [int(n * (1.6 if i % 2 else 1.0)) for i, n in
+                               enumerate(lengths[120:])]
+    w8 = record("w8", "baseline", scores, drifted)
+    policy = GatePolicy()
+
+    def length(stage):
+        return next(c for c in stage_checks(stage, baseline, baseline, policy)
+                    if c.rule == "length")
+
+    assert length(w8).status != "pass"  # judged on all 240 items
+    w8.quality.own_sizes = {"math": 120}
+    assert length(w8).status == "pass", length(w8).reason
