@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from infra.cpu_support import cpu_flags
-from tests.flows.checkpoints import safetensors_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
@@ -279,12 +278,16 @@ def run_record(folder: Path) -> tuple[dict, dict, dict]:
 
 def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree, prefect_api):
     broken = tmp_path / "broken"
-    shutil.copytree(MODELS / "smollm2-135m-w8a16-dequant", broken,
-                    ignore=shutil.ignore_patterns("*.safetensors"))
-    # A whole safetensors file (validate reads its header and lets it through) whose one tensor
-    # is not the model's: only vLLM, loading it, finds out.
-    (broken / "model.safetensors").write_bytes(
-        safetensors_bytes({"model.embed_tokens.weight": ("BF16", [4, 8])}))
+    source = MODELS / "smollm2-135m-w8a16-dequant"
+    shutil.copytree(source, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    # The model's own tensors, whose shapes validate checks against config.json, plus one that
+    # no module of the model has: only vLLM, loading it, finds out.
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.layers.0.mlp.not_a_module.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
     spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights", "checkpoint": str(broken)}],
                       free_port())
     result = quantgate("run", str(spec), cwd=tmp_path, prefect_api=prefect_api)
