@@ -63,8 +63,6 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  flips=0.05),
         Scenario("business at the floor (8 %), A/A", sets=_ceiling(DEMO_SETS, "business", 0.08),
                  flips=0.03),
-        Scenario("business at the floor, 8 % -> 2 %", [Step(drop={"business": 0.06})],
-                 "rollback", sets=_ceiling(DEMO_SETS, "business", 0.08), flips=0.03),
         Scenario("clusters of 5 near-duplicates, A/A", sets=_clustered(DEMO_SETS, 5, 0.8)),
         Scenario(f"clusters of 5, pooled drop {m:.0%}", [Step(drop={"*": m})], "rollback",
                  sets=_clustered(DEMO_SETS, 5, 0.8)),
