@@ -98,7 +98,9 @@ def test_report_and_model_card_carry_the_table_and_mark_emulated_stages(tmp_path
     assert "† measured on an emulated format" in card
     md = paths["md"].read_text()
     assert "## Recovery (model card)" in md and "### w8 (emulated)" in md and "### a8" in md
-    assert 'id="recovery-a8"' in paths["html"].read_text()
+    html = paths["html"].read_text()
+    assert 'id="recovery-a8"' in html
+    assert "<td>120</td></tr>" in html and "built-in method" not in html  # the items, not dict.items
 
 
 def test_no_card_without_quality_of_the_last_stage(tmp_path):
