@@ -76,6 +76,10 @@ def resolve_path(path: Path | None, info: ValidationInfo) -> Path | None:
                          "folder or file") from err
 
 
+# The fields that describe your own data file; a folder set or an lm-eval task declares them itself.
+DATA_FILE_FIELDS = ("scorer", "prompt_field", "id_field", "group_field", "cluster_field")
+
+
 class EvalSetSpec(BaseModel):
     """One eval set to run on every stage, as written in the candidate spec."""
 
@@ -142,7 +146,7 @@ class EvalSetSpec(BaseModel):
         sets = registry()
         if self.lm_eval is not None:
             return self._named_task(sets)
-        named = [f for f in ("num_fewshot", "filter", "data") if getattr(self, f) is not None]
+        named = self._given("num_fewshot", "filter", "data")
         if named:
             raise ValueError(f"eval set {self.name!r}: {', '.join(named)} only apply to an "
                              "lm-eval task named by `lm_eval`")
@@ -151,8 +155,7 @@ class EvalSetSpec(BaseModel):
                 # ValueError so pydantic reports the field; callers see the valid names.
                 raise ValueError(f"unknown eval set {self.name!r}: {did_you_mean(self.name, tuple(sets))}"
                                  " (or give `path` to bring your own set)")
-            extra = [f for f in ("scorer", "prompt_field", "id_field", "group_field",
-                                 "cluster_field") if getattr(self, f) is not None]
+            extra = self._given(*DATA_FILE_FIELDS)
             if extra:
                 raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} only apply to your "
                                  "own data file (`path`)")
@@ -167,8 +170,7 @@ class EvalSetSpec(BaseModel):
             if not (self.path / TASK_FILE).is_file():
                 raise ValueError(f"path {str(self.path)!r}: a folder needs an lm-eval {TASK_FILE}; "
                                  f"or point path at a data file ({', '.join(DATA_SUFFIXES)})")
-            extra = [f for f in ("scorer", "prompt_field", "id_field", "group_field",
-                                 "cluster_field") if getattr(self, f) is not None]
+            extra = self._given(*DATA_FILE_FIELDS)
             if extra:
                 raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} apply to a data file; "
                                  f"the folder's {TASK_FILE} (and contract.yaml) declare them")
@@ -186,11 +188,14 @@ class EvalSetSpec(BaseModel):
         _USER_SETS[self.name] = self.info
         return self
 
+    def _given(self, *fields: str) -> list[str]:
+        """Those of `fields` the spec sets (not None)."""
+        return [f for f in fields if getattr(self, f) is not None]
+
     def _named_task(self, sets: dict[str, EvalSetInfo]) -> EvalSetSpec:
         from evalsets.lmeval_task import task_yaml
 
-        extra = [f for f in ("path", "scorer", "prompt_field", "id_field", "group_field",
-                             "cluster_field", "groups") if getattr(self, f) is not None]
+        extra = self._given("path", *DATA_FILE_FIELDS, "groups")
         if extra:
             raise ValueError(f"eval set {self.name!r}: {', '.join(extra)} do not apply to an "
                              "lm-eval task (its config and data are lm-eval's; `data` points at "
