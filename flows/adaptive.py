@@ -25,6 +25,8 @@ from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines,
 from flows.plan import Stage
 from flows.spec import Spec
 from gates.accuracy import more_items
+from gates.length import length_checks
+from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy, precision_class
 from gates.record import StageRecord
 from infra.engine import EngineFacts
@@ -49,6 +51,23 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
                            start=start, on_items=advance, structured_output=structured_output,
                            tokenizer_dir=tokenizer_dir)
     return task.items
+
+
+def length_fails_for_good(stage: Stage, quality: QualityResult, parent: StageRecord,
+                          baseline: StageRecord, policy: GatePolicy) -> list[str]:
+    """The required length rules the stage already fails at one look's share of alpha: its
+    verdict is a rollback whatever more items say of accuracy, so another look only spends engine
+    time. The stricter level (the accuracy rule's per-look alpha) keeps the chance that stopping
+    here turns a stage within the limit into a rollback below that share."""
+    if not policy.length.required:
+        return []
+    q = policy.quality
+    strict = policy.model_copy(update={"quality": q.model_copy(
+        update={"alpha": look_alpha(q.alpha, q.max_looks)})})
+    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
+                       axes=stage.axes.model_dump(exclude={"emulated"}))
+    return [c.rule for c in length_checks(mine, parent, strict, baseline)
+            if c.rule in ("length", "length.baseline") and c.status == "fail"]
 
 
 def grow_until_decided(
@@ -92,6 +111,12 @@ def grow_until_decided(
 
     try:
         while quality.looks < policy.quality.max_looks:
+            decided = length_fails_for_good(stage, quality, parent_record or base_record,
+                                            base_record, policy)
+            if decided:
+                progress.line(f"stage {stage.name}: already fails {', '.join(decided)} at one "
+                              "look's alpha, which more items would not undo: no more looks")
+                break
             sizes = more_items(quality, base_record.quality, precision, policy, pools, parent,
                                axes, parent_served=served)
             if sizes is None:

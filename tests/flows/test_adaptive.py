@@ -204,3 +204,46 @@ def test_an_unresolved_length_rule_grows_only_the_sets_whose_lengths_changed():
     # long_context kept every length: more of it would only pull the ratio toward x1.
     assert more_items(stage, base, "8bit", POLICY, {"math": 1000, "long_context": 1000}) == {
         "math": 240, "long_context": 40}
+
+
+def test_a_stage_whose_length_already_fails_gets_no_more_looks(tmp_path, monkeypatch):
+    """Accuracy is inconclusive at 40 items, but every answer is twice its baseline's length: the
+    required length rule fails even at one look's share of alpha, so no engine is served again.
+    Lengths that scatter around the baseline's (an unresolved ratio) still grow."""
+    spec = load_spec(write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
+                                evalsets=[{"name": "math", "limit": 40}]))
+    baseline, control = plan(spec)
+    results = tmp_path / "run"
+    base = answers("math", [truth(i) for i in range(40)])
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={}, comparability=asked_as(40),
+                quality=base).save(results / "baseline")
+    served: list[str] = []
+
+    def fake_score(facts, evalset, start, stop, *_, **__):
+        served.append(facts.model)
+        return answers("math", [truth(i) for i in range(stop)]).tasks["math"].items[start:]
+
+    @contextlib.contextmanager
+    def fake_engine(spec_, stage, *_, **__):
+        yield EngineFacts(base_url="http://b", model=stage.name, command=["vllm"])
+
+    monkeypatch.setattr(adaptive, "_score", fake_score)
+    monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
+    facts = EngineFacts(base_url="http://s", model="control", command=["vllm"])
+    longer = answers("math", [truth(i) for i in range(40)])
+    for item in longer.tasks["math"].items:
+        item.output_tokens = 11  # (11 + 1) / (5 + 1): x2.0
+    base_record = StageRecord.read(results / "baseline")
+    assert adaptive.length_fails_for_good(control, longer, base_record, base_record,
+                                          POLICY) == ["length"]
+    quality = adaptive.grow_until_decided(control, longer, facts, spec, baseline, results,
+                                          POLICY, {"math": 1000}, 2)
+    assert served == [] and quality.looks == 1
+    scattered = answers("math", [truth(i) for i in range(40)])
+    for i, item in enumerate(scattered.tasks["math"].items):
+        item.output_tokens = (2, 5, 9)[i % 3]
+    assert adaptive.length_fails_for_good(control, scattered, base_record, base_record,
+                                          POLICY) == []
+    adaptive.grow_until_decided(control, scattered, facts, spec, baseline, results, POLICY,
+                                {"math": 1000}, 2)
+    assert served  # it grew
