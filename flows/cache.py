@@ -4,7 +4,8 @@ A key is the sha256 of: the weights and config digest of the checkpoint, the eng
 exact command, the port left out), the eval sets (their data, task configs and the code that
 scores them), the load profile, the hardware, and, for a stage after the baseline, the keys of
 its parent and of the baseline (its divergence, flips and paired timing are against them) and
-the gate policy (it decides how many items are scored). Same key, same measurement: a second
+the part of the gate policy that decides what is measured (`measuring_policy`). Same key, same
+measurement: a second
 candidate against the same baseline serves no baseline engine, and a run started again after a
 crash resumes after its last finished stage.
 
@@ -86,8 +87,26 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
     if stage.request_options:  # a structured_output stage: same serving, other requests
         parts |= {"kind": stage.kind, "request_options": stage.request_options}
     if stage.parent is not None:
-        parts |= {"parent": keys[stage.parent], "baseline": keys["baseline"], "policy": policy}
+        parts |= {"parent": keys[stage.parent], "baseline": keys["baseline"],
+                  "policy": measuring_policy(policy)}
     return parts
+
+
+def measuring_policy(policy: dict) -> dict:
+    """The gate policy's part that decides what a stage measures, so that re-judging with other
+    limits needs no engine where nothing measured would change.
+
+    The adaptive design measures while it judges, so most of the policy is in: the tolerances,
+    `quality` and `length` decide how many items are scored (the looks grow until the rules
+    resolve) and divergence, perplexity and length limits stop the looks once a rule fails for
+    good; a required latency rule adds interleaved rounds while unresolved. Left out: the load
+    error-rate limit (judged on what was measured), and an advisory latency rule's limits (its
+    rounds are the profile's, whatever the limits; only `required` changes what is served)."""
+    measuring = {name: part for name, part in policy.items() if name != "load"}
+    latency = policy.get("latency")
+    if isinstance(latency, dict) and not latency.get("required", False):
+        measuring["latency"] = {"required": False}
+    return measuring
 
 
 def measuring_code() -> str:

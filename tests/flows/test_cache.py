@@ -76,6 +76,29 @@ def test_eval_sets_and_profile_move_every_key_policy_only_later_stages(tmp_path,
     assert (after["baseline"] == before["baseline"]) == (change == "policy")
 
 
+def test_only_the_policy_that_decides_what_is_measured_moves_a_key(tmp_path):
+    from gates.policy import GatePolicy
+
+    policy = GatePolicy().model_dump(mode="json")
+    before = keys(spec(tmp_path), policy=policy)
+
+    def edited(section: str, **values) -> dict[str, str]:
+        changed = policy | {section: policy[section] | values}
+        return keys(spec(tmp_path), policy=changed)
+
+    # Judged on what was measured: no re-measurement.
+    assert edited("load", max_error_rate=0.05) == before
+    assert edited("latency", max_tpot_p50_increase=0.4) == before  # advisory: fixed rounds
+    # What decides the items scored, the looks' stop, or the rounds served: a new measurement.
+    for section, values in (("quality", {"max_looks": 2}), ("length", {"max_change": 0.2}),
+                            ("divergence", {"min_blocks": 20}),
+                            ("latency", {"required": True})):
+        assert edited(section, **values)["w8"] != before["w8"], section
+    required = policy | {"latency": policy["latency"] | {"required": True}}
+    limits = required | {"latency": required["latency"] | {"max_tpot_p50_increase": 0.4}}
+    assert keys(spec(tmp_path), policy=required)["w8"] != keys(spec(tmp_path), policy=limits)["w8"]
+
+
 def test_a_stage_key_holds_its_parent_key(tmp_path):
     the_spec = spec(tmp_path)
     parts = stage_keys(plan(the_spec), the_spec, PROFILE, POLICY)
