@@ -151,18 +151,20 @@ def run(
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
     from flows.acceptance import acceptance, checked
-    from flows.interrupt import install
+    from flows.interrupt import install, restore
     from flows.settings import check_writable, load_settings
 
+    started, settings = time.time(), None
+    install(lambda: _kept_on_interrupt(spec, settings, started))  # from the first check on
     try:
         checked(spec)  # fail fast, before Prefect and any engine start
         settings = load_settings()
         check_writable(settings)  # not an hour in, after the engines measured
-        started = time.time()
-        install(lambda: _kept_on_interrupt(spec, settings, started))
         verdict = acceptance(str(spec), no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
+    finally:
+        restore()
     print_verdict(verdict)
     raise typer.Exit(verdict.exit_code)
 
@@ -643,6 +645,9 @@ def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
     """The interrupted run's last line: what stopped, what was kept, how to resume."""
     import json
 
+    if settings is None:
+        return (f"`quantgate run {spec}` stopped while its spec was checked, before any engine "
+                "started; nothing was measured; run the same command again to start")
     results = settings.results_dir.resolve()
     done = []
     for path in sorted(results.glob("*/*/stage.json")):
