@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from infra.errors import QuantgateError
 from infra.secrets import redact
@@ -46,8 +47,9 @@ QUIET_ENV = {
 
 
 def fail(message: str) -> None:
-    # Messages quote user values ("^[a-z]*$", "[x]"): rich would read brackets as markup tags.
-    err_console.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False,
+    # Messages quote user values ("^[a-z]*$", "[x]", r"\["): a Text is printed as it is, where
+    # rich's markup (even escaped: it reads a backslash before a bracket) would change them.
+    err_console.print(Text.assemble(("error:", "bold red"), f" {redact(message)}"), highlight=False,
                       soft_wrap=True)
     raise typer.Exit(2)
 
