@@ -8,11 +8,13 @@ names the fields and picks the gold index.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import re
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -557,6 +559,10 @@ class InstructionsScorer(_Scorer):
         return (self.instructions_field if part == "instructions" else self.kwargs_field), why
 
 
-Scorer = Annotated[ExactScorer | RegexScorer | NumericScorer | JsonScorer | CodeScorer
-                   | ChoiceScorer | InstructionsScorer, Field(discriminator="kind")]
-SCORER_KINDS = ("exact", "regex", "numeric", "json", "code", "choice", "instructions")
+# The registry: a new kind is a class here, and every list of kinds (the spec's discriminated
+# union, `new-evalset --scorer`, the messages that name the choices) is read from it.
+SCORERS: tuple[type[_Scorer], ...] = (ExactScorer, RegexScorer, NumericScorer, JsonScorer,
+                                      CodeScorer, ChoiceScorer, InstructionsScorer)
+SCORER_KINDS: tuple[str, ...] = tuple(get_args(cls.model_fields["kind"].annotation)[0]
+                                      for cls in SCORERS)
+Scorer = Annotated[functools.reduce(operator.or_, SCORERS), Field(discriminator="kind")]

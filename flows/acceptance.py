@@ -313,8 +313,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         with contextlib.ExitStack() as own:
             facts = own.enter_context(engine)
             record.facts = facts
-            logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
-                        facts.kv_cache_tokens)
+            logger.info("stage %s: %s", stage.name, facts.ready_line())
             # What the engine says it serves must be what the axes say, before any measuring.
             check_served(stage, facts, spec.engine, folder / "engine.log")
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,

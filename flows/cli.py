@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -112,11 +114,24 @@ def validate(spec: Path) -> None:
         console.print(f"placement: {escape(line)}")
 
 
-@app.command("new-evalset")
+class _NewEvalset(typer.core.TyperCommand):
+    """`--scorer`'s help names the scorer registry's kinds, read when this command is used
+    (not when the CLI starts: the registry imports pydantic and the scorers)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        from evalsets.scorers import SCORER_KINDS
+
+        for param in self.params:
+            if param.name == "scorer":
+                param.help = f"How its rows are scored: {', '.join(SCORER_KINDS)}."
+        return super().get_params(ctx)
+
+
+@app.command("new-evalset", cls=_NewEvalset)
 def new_evalset(
     folder: Path,
     scorer: Annotated[str, typer.Option(
-        "--scorer", help="exact, regex, numeric, json, code or choice.")],
+        "--scorer", help="How its rows are scored (the kinds are listed here).")],
     source: Annotated[Path | None, typer.Option(
         "--from", help="Take the rows from this JSONL, CSV or Parquet file.")] = None,
 ) -> None:

@@ -111,6 +111,9 @@ def test_a_signal_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_pat
             code, children, seconds = _interrupt_when(process, waiting_on_engine, sig)
         engine.release.set()
     after = log.read_bytes()[before[0]:].decode(errors="replace")
+    # The external engine was not started by the run: no start-up time to print ("in Nones").
+    running = log.read_bytes()[:before[0]].decode(errors="replace")
+    assert f"stage baseline: already running at {engine.base_url} (not started" in running
     lines = [line for line in after.splitlines() if line.strip()]
     assert code == 130, after
     assert children, "the run had started no process (Prefect's server): nothing was tested"
