@@ -92,7 +92,8 @@ def _alive(processes: list) -> list:
 def test_a_signal_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path, sig, name):
     with HangingChat() as engine:
         spec = base_spec(tmp_path)
-        spec["engine"] = {"kind": "external", "url": engine.base_url}
+        url = engine.base_url
+        spec["engine"] = {"kind": "external", "url": url}
         spec["stages"][0]["kind"] = "control"
         del spec["stages"][0]["engine_flags"]
         (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -113,7 +114,7 @@ def test_a_signal_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_pat
     after = log.read_bytes()[before[0]:].decode(errors="replace")
     # The external engine was not started by the run: no start-up time to print ("in Nones").
     running = log.read_bytes()[:before[0]].decode(errors="replace")
-    assert f"stage baseline: already running at {engine.base_url} (not started" in running
+    assert f"stage baseline: already running at {url} (not started" in running
     lines = [line for line in after.splitlines() if line.strip()]
     assert code == 130, after
     assert children, "the run had started no process (Prefect's server): nothing was tested"
