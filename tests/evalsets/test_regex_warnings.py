@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from evalsets.instruction_checks import problem as instructions_problem
-from evalsets.scorers import JsonScorer, RegexScorer, regex_problem, schema_patterns
+from evalsets.scorers import JsonScorer, RegexScorer, regex_problem, schema_patterns, score_regex
 from evalsets.task_code import check_task_patterns
 from flows.cli import app
-from infra.errors import SpecError
+from infra.errors import MeasurementError, SpecError
 from tests.flows.test_bad_inputs import base_spec
 from tests.infra.test_cpu_support import AVX512
 
@@ -133,3 +135,24 @@ def test_an_lm_eval_filter_pattern_in_a_task_folder_is_refused_naming_the_key(tm
 def test_a_good_pattern_still_scores():
     scorer = RegexScorer(kind="regex", pattern=r"\b2024-03-01\b")
     assert scorer.score("due 2024-03-01.", {}) == 1.0
+
+
+REGEX_PIECES = st.sampled_from(["[", "]", "[[", "--", "&&", "~~", "||", "(", ")", "+", "*", "?",
+                                "{2,}", "\\", "a", "b", "^", "$", ".", "|", "(?:", "(?P<n>", "\\d"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(REGEX_PIECES, max_size=10).map("".join))
+def test_any_pattern_is_either_refused_in_one_line_or_compiles_without_a_warning(pattern):
+    """The fuzzer's hostile patterns: validate's answer is one line, or the pattern is clean."""
+    problem = regex_problem(pattern)
+    if problem is not None:
+        assert "\n" not in problem and repr(pattern) in problem
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning the check missed fails here
+        re._compiler.compile(pattern)  # past re's cache, which warns once per process
+    try:  # scoring ends: a result, or (backtracking past its time bound) one line
+        assert isinstance(score_regex("a" * 50 + "!", pattern), bool)
+    except MeasurementError as exc:
+        assert "\n" not in str(exc) and "took over" in str(exc)
