@@ -106,7 +106,7 @@ class Prepared:
         for stage in self.stages[1:]:  # as the chat template: found now, not after both ran
             check_same_tokenizer(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         if self.spec.chat_template:  # the comparability gate would find it after both stages ran
-            check_has_chat_template(self.spec.baseline.checkpoint)  # and so has every stage
+            check_has_chat_template(self.spec.baseline.checkpoint)  # each stage must match it
             for stage in self.stages[1:]:
                 check_same_chat_template(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         base = spec_path.resolve().parent
