@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from evalsets import lmeval_task, userset
 from evalsets.spec import EVALSETS_DIR, EvalSetInfo, EvalSetSpec
-from evalsets.task_code import FunctionRef, check_reference, check_task_functions
+from evalsets.task_code import FunctionRef, check_reference, check_task_functions, check_task_patterns
 from evalsets.userset import LINE, read_rows
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
@@ -369,6 +369,7 @@ def validate_set(spec: EvalSetSpec, run_checks: bool = False) -> int:
     if info.data_file is None:
         for path, config in task_files(info.task_yaml, read_task_yaml(info)):
             check_task_functions(path, config)
+            check_task_patterns(path, config)
     run_checks = run_checks or builtin(info)
     if contract.check and not run_checks:
         check_source(info.folder, contract.check)

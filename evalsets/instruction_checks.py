@@ -62,6 +62,39 @@ def missing_data(instruction_id: str) -> str | None:
     return None
 
 
+# Arguments IFEval's checkers splice into a regular expression (searched with re, no time bound):
+# the pattern each builds, as instructions.py writes it.
+REGEX_ARGUMENTS = {
+    "keywords": "{}", "keyword": "{}", "forbidden_words": r"\b{}\b", "starter": r"^\s*{}.*$",
+    "section_spliter": r"\s?{}\s?\d+\s?", "postscript_marker": r"\s*{}.*$",
+}
+
+
+def regex_argument_problem(instruction_id: str, given: dict[str, Any]) -> str | None:
+    """Why an argument the checker reads as a regular expression cannot judge answers: 'C++'
+    fails to compile while scoring, '[[x]' makes Python print a FutureWarning, '(a+)+' can take
+    exponential time (evalsets.scorers.regex_problem); None when every one is fine."""
+    import re
+
+    from evalsets.scorers import regex_problem
+
+    for name, template in REGEX_ARGUMENTS.items():
+        values = given.get(name)
+        if name == "postscript_marker" and values in ("P.P.S", "P.S."):
+            continue  # the checker has its own pattern for these two
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str):
+                continue
+            if name == "postscript_marker":
+                value = value.lower()
+            problem = regex_problem(template.format(value))
+            if problem is not None:
+                return (f"{instruction_id!r}: {name} {value!r} is read as a regular expression by "
+                        f"IFEval's checker: {problem}; for the literal text write "
+                        f"'{re.escape(value)}'")
+    return None
+
+
 def offline_kinds() -> list[str]:
     """Every instruction id that can be checked on this machine."""
     return [name for name in registry() if missing_data(name) is None]
@@ -101,6 +134,9 @@ def problem(ids: Any, kwargs: Any) -> tuple[str, str] | None:
             _checker(instruction_id, given)
         except (ValueError, TypeError, KeyError) as exc:
             return "kwargs", f"{instruction_id!r}: {exc}"
+        pattern = regex_argument_problem(instruction_id, given)
+        if pattern is not None:
+            return "kwargs", pattern
     return None
 
 

@@ -8,10 +8,13 @@ names the fields and picks the gold index.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import re
-from typing import Annotated, Any, Literal
+import warnings
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -95,7 +98,10 @@ def nested_repeat(pattern: str) -> str | None:
                 return True
         return False
 
-    if not nests(_parser.parse(pattern), False):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # regex_problem reports them; the parser warns each time
+        parsed = _parser.parse(pattern)
+    if not nests(parsed, False):
         return None
     return (f"pattern {pattern!r} nests a repeat inside a repeat (like '(a+)+'), which can take "
             "exponential time on an answer that almost matches; write it without the nesting, "
@@ -104,15 +110,65 @@ def nested_repeat(pattern: str) -> str | None:
 
 def regex_problem(pattern: str) -> str | None:
     """Why a pattern cannot score answers, or None: not a regular expression (for Python's re
-    and the regex package that searches it), or one that backtracks exponentially."""
+    and the regex package that searches it), one Python warns about (a FutureWarning such as
+    "Possible nested set": it will read differently in a later Python, and the warning line
+    would reach the user), or one that backtracks exponentially."""
+    from re import _parser
+
     import regex
 
-    try:
-        re.compile(pattern)
-        regex.compile(pattern)
-    except (re.error, regex.error) as exc:
-        return f"pattern {pattern!r} is not a regular expression: {exc}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _parser.parse(pattern)  # warns on every parse; re.compile warns once per process
+            re.compile(pattern)
+            regex.compile(pattern)
+        except (re.error, regex.error, RecursionError, OverflowError) as exc:
+            return f"pattern {pattern!r} is not a regular expression: {exc}"
+    if caught:
+        warning = caught[0]
+        return (f"pattern {pattern!r}: Python warns \"{warning.message}\" "
+                f"({warning.category.__name__}), so a later Python reads it differently: escape "
+                "the character there with a backslash (inside [...], a literal '[' as '\\[', and "
+                "'--', '&&', '~~', '||' as '\\-\\-', '\\&\\&', '\\~\\~', '\\|\\|')")
     return nested_repeat(pattern)
+
+
+def schema_patterns(schema: Any, where: str = "") -> list[tuple[str, str]]:
+    """(JSON path, pattern) of every regular expression a JSON Schema holds: `pattern` values
+    and `patternProperties` keys, which jsonschema searches with Python's re (no time bound)."""
+    found: list[tuple[str, str]] = []
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            path = f"{where}/{key}"
+            if key == "pattern" and isinstance(value, str):
+                found.append((path, value))
+            elif key == "patternProperties" and isinstance(value, dict):
+                found.extend((f"{path}/{name}", name) for name in value if isinstance(name, str))
+            found.extend(schema_patterns(value, path))
+    elif isinstance(schema, list):
+        for index, value in enumerate(schema):
+            found.extend(schema_patterns(value, f"{where}/{index}"))
+    return found
+
+
+def check_schema(schema: Any) -> None:
+    """jsonschema's check of a schema (SchemaError): its `regex` format compiles each pattern
+    with re, whose warnings schema_patterns_problem reports in one line instead."""
+    from jsonschema.validators import validator_for
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        validator_for(schema).check_schema(schema)
+
+
+def schema_patterns_problem(schema: Any) -> str | None:
+    """Why a schema's patterns cannot judge answers (see regex_problem), naming where, or None."""
+    for path, pattern in schema_patterns(schema):
+        problem = regex_problem(pattern)
+        if problem is not None:
+            return f"{path or '/'}: {problem}"
+    return None
 
 
 def last_number(text: str) -> float | None:
@@ -267,7 +323,6 @@ class JsonScorer(_Scorer):
     @model_validator(mode="after")
     def _a_schema(self) -> JsonScorer:
         from jsonschema.exceptions import SchemaError
-        from jsonschema.validators import validator_for
 
         if (self.schema_ is None) == (self.schema_field is None):
             raise ValueError("a json scorer takes exactly one of 'schema' (every row) or "
@@ -276,10 +331,10 @@ class JsonScorer(_Scorer):
             from evalsets.structured import local_refs_problem
 
             try:
-                validator_for(self.schema_).check_schema(self.schema_)
+                check_schema(self.schema_)
             except SchemaError as exc:
                 raise ValueError(f"'schema' is not a valid JSON Schema: {exc.message}") from exc
-            problem = local_refs_problem(self.schema_)
+            problem = local_refs_problem(self.schema_) or schema_patterns_problem(self.schema_)
             if problem is not None:
                 raise ValueError(f"'schema': {problem}")
         return self
@@ -302,14 +357,14 @@ class JsonScorer(_Scorer):
         where = self.schema_field or "schema"
         try:
             schema = self.schema_of(row)
-            validator_for(schema).check_schema(schema)
+            check_schema(schema)
         except ValueError as exc:
             return where, f"not JSON text: {exc}"
         except (SchemaError, TypeError, AttributeError) as exc:
             return where, f"not a valid JSON Schema: {getattr(exc, 'message', exc)}"
         from evalsets.structured import local_refs_problem
 
-        refs = local_refs_problem(schema)
+        refs = local_refs_problem(schema) or schema_patterns_problem(schema)
         if refs is not None:
             return where, refs
         if self.field is None:
@@ -504,6 +559,10 @@ class InstructionsScorer(_Scorer):
         return (self.instructions_field if part == "instructions" else self.kwargs_field), why
 
 
-Scorer = Annotated[ExactScorer | RegexScorer | NumericScorer | JsonScorer | CodeScorer
-                   | ChoiceScorer | InstructionsScorer, Field(discriminator="kind")]
-SCORER_KINDS = ("exact", "regex", "numeric", "json", "code", "choice", "instructions")
+# The registry: a new kind is a class here, and every list of kinds (the spec's discriminated
+# union, `new-evalset --scorer`, the messages that name the choices) is read from it.
+SCORERS: tuple[type[_Scorer], ...] = (ExactScorer, RegexScorer, NumericScorer, JsonScorer,
+                                      CodeScorer, ChoiceScorer, InstructionsScorer)
+SCORER_KINDS: tuple[str, ...] = tuple(get_args(cls.model_fields["kind"].annotation)[0]
+                                      for cls in SCORERS)
+Scorer = Annotated[functools.reduce(operator.or_, SCORERS), Field(discriminator="kind")]

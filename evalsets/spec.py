@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
-from evalsets.scorers import Scorer
+from evalsets.scorers import SCORER_KINDS, Scorer
 from infra.errors import SpecError, did_you_mean
 
 EVALSETS_DIR = Path(__file__).resolve().parent
@@ -180,8 +180,8 @@ class EvalSetSpec(BaseModel):
             raise ValueError(f"path {str(self.path)!r}: unsupported data file (valid: "
                              f"{', '.join(DATA_SUFFIXES)}, or a folder with a {TASK_FILE})")
         elif self.scorer is None:
-            raise ValueError(f"eval set {self.name!r}: a data file needs a scorer (kind: exact, "
-                             "regex, numeric, json, code or choice)")
+            raise ValueError(f"eval set {self.name!r}: a data file needs a scorer (kind: "
+                             f"{', '.join(SCORER_KINDS)})")
         elif self.groups is not None:
             raise ValueError(f"eval set {self.name!r}: 'groups' needs a folder set whose "
                              "contract.yaml declares a group field")

@@ -101,3 +101,28 @@ def check_task_functions(task_yaml: Path, config: Any) -> None:
     """Each `!function` of a task.yaml names a defined function (SpecError naming the key)."""
     for key, reference in references(config):
         check_reference(task_yaml.parent, reference, f"{task_yaml}: {key}")
+
+
+# lm-eval's filters that compile a pattern from the task YAML (RegexFilter, MultiChoiceRegexFilter).
+PATTERN_KEYS = ("regex_pattern",)
+
+
+def check_task_patterns(task_yaml: Path, config: Any) -> None:
+    """Each regular expression a task.yaml gives lm-eval's filters compiles without a warning
+    and cannot backtrack exponentially (lm-eval searches with re, no time bound)."""
+    from evalsets.scorers import regex_problem
+
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            for name, item in value.items():
+                where = f"{key}.{name}" if key else str(name)
+                if name in PATTERN_KEYS and isinstance(item, str):
+                    problem = regex_problem(item)
+                    if problem is not None:
+                        raise SpecError(f"{task_yaml}: {where}: {problem}")
+                else:
+                    stack.append((where, item))
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v) for i, v in enumerate(value))

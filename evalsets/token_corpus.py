@@ -108,6 +108,11 @@ class Renderer:
     """Turns (prompt, answer) into token ids and spans with one tokenizer, as the server would."""
 
     def __init__(self, tokenizer, chat_template: bool) -> None:
+        if chat_template and getattr(tokenizer, "chat_template", "") is None:
+            # validate refuses such a baseline (infra.checkpoint.check_has_chat_template)
+            where = getattr(tokenizer, "name_or_path", "") or "the baseline's tokenizer"
+            raise MeasurementError(f"scoring corpus: {where} has no chat template to render the "
+                                   "chat prompts with; add one, or set chat_template: false")
         self.tokenizer = tokenizer
         self.chat = chat_template
         self.header = self._header() if chat_template else 0

@@ -269,6 +269,17 @@ _ROUTE = "Route the ticket to billing, shipping or account. Answer with the team
 _NAMES = ["Ana Silva", "Ben Okafor", "Chen Wei", "Dara Novak", "Eli Haddad", "Femi Adeyemi"]
 
 
+# (what the prompt asks, IFEval's instruction id, its arguments): checked offline, no NLTK data.
+INSTRUCTIONS = [
+    ("Reply to the customer in at most 50 words.", "length_constraints:number_words",
+     {"num_words": 50, "relation": "less than"}),
+    ("Reply to the customer without using any commas.", "punctuation:no_comma", {}),
+    ("Reply to the customer in lowercase letters only.", "change_case:english_lowercase", {}),
+    ("Reply to the customer and mention the word 'ticket'.", "keywords:existence",
+     {"keywords": ["ticket"]}),
+]
+
+
 def _tickets() -> list[tuple[str, str]]:
     tickets = [(team, text.format(n=1000 + 37 * i))
                for i in range(EXAMPLE_ROWS // 9 + 1)
@@ -286,6 +297,13 @@ def examples(kind: str) -> tuple[dict, list[dict]]:
         rows = [{"id": f"t{i:03d}", "prompt": _ROUTE + text, "answer": team}
                 for i, (team, text) in enumerate(_tickets())]
         return {"kind": "exact", "field": "answer"}, rows
+    if kind == "instructions":
+        rows = [{"id": f"i{i:03d}", "prompt": f"{text} {INSTRUCTIONS[i % len(INSTRUCTIONS)][0]}",
+                 "instruction_id_list": [INSTRUCTIONS[i % len(INSTRUCTIONS)][1]],
+                 "kwargs": [INSTRUCTIONS[i % len(INSTRUCTIONS)][2]]}
+                for i, (_, text) in enumerate(_tickets())]
+        return {"kind": "instructions", "instructions_field": "instruction_id_list",
+                "kwargs_field": "kwargs"}, rows
     if kind == "choice":
         rows = [{"id": f"q{i:03d}", "prompt": f"Ticket: {text}\nQuestion: which team handles it?"
                  "\nAnswer:", "choices": list(_TEAMS), "answer": team}

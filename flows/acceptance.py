@@ -51,7 +51,13 @@ from gates.record import RunManifest, SetTiming, StageRecord, StageTimings
 from gates.report import write_report
 from gates.verdict import Verdict
 from gates.whatif import workload_from_profile
-from infra.checkpoint import check_checkpoint, check_same_chat_template, check_same_tokenizer, model_shape
+from infra.checkpoint import (
+    check_checkpoint,
+    check_has_chat_template,
+    check_same_chat_template,
+    check_same_tokenizer,
+    model_shape,
+)
 from infra.cores import CorePlan, plan_for
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.engine import EngineFacts, engine_class
@@ -100,6 +106,7 @@ class Prepared:
         for stage in self.stages[1:]:  # as the chat template: found now, not after both ran
             check_same_tokenizer(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         if self.spec.chat_template:  # the comparability gate would find it after both stages ran
+            check_has_chat_template(self.spec.baseline.checkpoint)  # each stage must match it
             for stage in self.stages[1:]:
                 check_same_chat_template(stage.name, stage.checkpoint, self.spec.baseline.checkpoint)
         base = spec_path.resolve().parent
@@ -306,8 +313,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         with contextlib.ExitStack() as own:
             facts = own.enter_context(engine)
             record.facts = facts
-            logger.info("stage %s: healthy in %ss, KV %s tokens", stage.name, facts.startup_s,
-                        facts.kv_cache_tokens)
+            logger.info("stage %s: %s", stage.name, facts.ready_line())
             # What the engine says it serves must be what the axes say, before any measuring.
             check_served(stage, facts, spec.engine, folder / "engine.log")
             record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,

@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from infra.errors import QuantgateError
 from infra.secrets import redact
@@ -46,8 +49,9 @@ QUIET_ENV = {
 
 
 def fail(message: str) -> None:
-    # Messages quote user values ("^[a-z]*$", "[x]"): rich would read brackets as markup tags.
-    err_console.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False,
+    # Messages quote user values ("^[a-z]*$", "[x]", r"\["): a Text is printed as it is, where
+    # rich's markup (even escaped: it reads a backslash before a bracket) would change them.
+    err_console.print(Text.assemble(("error:", "bold red"), f" {redact(message)}"), highlight=False,
                       soft_wrap=True)
     raise typer.Exit(2)
 
@@ -110,11 +114,24 @@ def validate(spec: Path) -> None:
         console.print(f"placement: {escape(line)}")
 
 
-@app.command("new-evalset")
+class _NewEvalset(typer.core.TyperCommand):
+    """`--scorer`'s help names the scorer registry's kinds, read when this command is used
+    (not when the CLI starts: the registry imports pydantic and the scorers)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        from evalsets.scorers import SCORER_KINDS
+
+        for param in self.params:
+            if param.name == "scorer":
+                param.help = f"How its rows are scored: {', '.join(SCORER_KINDS)}."
+        return super().get_params(ctx)
+
+
+@app.command("new-evalset", cls=_NewEvalset)
 def new_evalset(
     folder: Path,
     scorer: Annotated[str, typer.Option(
-        "--scorer", help="exact, regex, numeric, json, code or choice.")],
+        "--scorer", help="How its rows are scored (the kinds are listed here).")],
     source: Annotated[Path | None, typer.Option(
         "--from", help="Take the rows from this JSONL, CSV or Parquet file.")] = None,
 ) -> None:
@@ -151,18 +168,20 @@ def run(
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
     from flows.acceptance import acceptance, checked
-    from flows.interrupt import install
+    from flows.interrupt import install, restore
     from flows.settings import check_writable, load_settings
 
+    started, settings = time.time(), None
+    install(lambda: _kept_on_interrupt(spec, settings, started))  # from the first check on
     try:
         checked(spec)  # fail fast, before Prefect and any engine start
         settings = load_settings()
         check_writable(settings)  # not an hour in, after the engines measured
-        started = time.time()
-        install(lambda: _kept_on_interrupt(spec, settings, started))
         verdict = acceptance(str(spec), no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
+    finally:
+        restore()
     print_verdict(verdict)
     raise typer.Exit(verdict.exit_code)
 
@@ -643,6 +662,9 @@ def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
     """The interrupted run's last line: what stopped, what was kept, how to resume."""
     import json
 
+    if settings is None:
+        return (f"`quantgate run {spec}` stopped while its spec was checked, before any engine "
+                "started; nothing was measured; run the same command again to start")
     results = settings.results_dir.resolve()
     done = []
     for path in sorted(results.glob("*/*/stage.json")):

@@ -6,10 +6,15 @@ that moment the libraries' own reactions (lm-eval's retry lines, Prefect's "cras
 click's "Aborted!", threads' tracebacks) are muted; what the user reads is one line. A watchdog
 ends the process after `GRACE_S` even when a library thread would keep it alive, stopping the
 processes it started (SIGTERM, then SIGKILL): at most GRACE_S + 2 * KILL_S = 13 s in all.
+
+Either signal ends the run with EXIT_CODE, 130: the run was stopped on purpose, whoever sent the
+signal (a terminal's Ctrl-C, `kill`, a CI runner's SIGTERM), and what is kept is the same.
+`restore()` hands the signals back when the run ends without one (the CLI called in-process).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -21,11 +26,14 @@ from collections.abc import Callable
 
 GRACE_S = 7.0  # for the unwinding (engines stop with SIGTERM, MLflow and Prefect record the end)
 KILL_S = 3.0  # for the children's own exit after SIGTERM
+EXIT_CODE = 130  # 128 + SIGINT, for SIGTERM too: one code for "stopped, what was measured is kept"
 
 
 class _State:
     signum: int | None = None
     saved_stderr: int | None = None
+    previous: dict[int, object] = {}  # the handlers before install()
+    prefect_bridge: Callable | None = None  # Prefect's own SIGTERM handler, while ours is in its place
     finish_lock = threading.Lock()
     describe: Callable[[], str] = staticmethod(lambda: "")
 
@@ -39,7 +47,40 @@ def install(describe: Callable[[], str]) -> None:
     """Handle SIGINT and SIGTERM from now on; `describe()` says what was kept (the last line)."""
     _State.describe = staticmethod(describe)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+        previous = signal.signal(sig, _on_signal)
+        if previous is not _on_signal:
+            _State.previous[sig] = previous
+    _claim_prefect_bridge(_on_signal)
+
+
+def _claim_prefect_bridge(handler: Callable | None) -> None:
+    """While a flow runs, Prefect's engine puts its own SIGTERM handler in place of ours: it
+    raises TerminationSignal, logs "Crash detected!" (and lm-eval its retries) and only then
+    sends the signal again to the handler it replaced. Ours takes its place (the module global
+    that engine installs), so SIGTERM unwinds as Ctrl-C does, muted from the first moment.
+    `None` puts Prefect's back."""
+    try:
+        from prefect.utilities import engine
+    except ImportError:
+        return
+    if not hasattr(engine, "_prefect_sigterm_handler"):
+        return  # another Prefect: its SIGTERM lines are not muted, the exit still bounded
+    if handler is None:
+        if _State.prefect_bridge is not None:
+            engine._prefect_sigterm_handler, _State.prefect_bridge = _State.prefect_bridge, None
+    elif engine._prefect_sigterm_handler is not handler:
+        _State.prefect_bridge = engine._prefect_sigterm_handler
+        engine._prefect_sigterm_handler = handler
+
+
+def restore() -> None:
+    """The handlers from before `install`, unless a signal came: then `finish` ends the process."""
+    if _State.signum is not None:
+        return
+    _claim_prefect_bridge(None)
+    for sig, previous in _State.previous.items():
+        signal.signal(sig, previous)
+    _State.previous.clear()
 
 
 def _on_signal(signum: int, frame: object) -> None:
@@ -47,6 +88,7 @@ def _on_signal(signum: int, frame: object) -> None:
         return  # a second Ctrl-C while stopping: the watchdog already bounds the wait
     _State.signum = signum
     _mute()
+    atexit.register(finish)  # the KeyboardInterrupt may end the main thread before anyone calls it
     threading.Thread(target=_watchdog, name="quantgate-interrupt", daemon=True).start()
     raise KeyboardInterrupt
 
@@ -88,17 +130,24 @@ def _stop_children() -> None:
     psutil.wait_procs(alive, timeout=KILL_S)
 
 
+def _kept() -> str:
+    try:
+        return _State.describe()
+    except Exception:  # noqa: BLE001 - the last line must be written, whatever the describer hit
+        return "the run stopped; stored stages are reused when the same command runs again"
+
+
 def finish() -> None:
-    """Stop what is left, say what was kept, and end the process now (128 + the signal)."""
+    """Stop what is left, say what was kept, and end the process now with EXIT_CODE."""
     with _State.finish_lock:
         signum = _State.signum or signal.SIGINT
         with contextlib.suppress(Exception):
             _stop_children()
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        line = f"interrupted by {name}: {_State.describe()}\n"
+        line = f"interrupted by {name}: {_kept()}\n"
         with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.stdout.flush()
         target = _State.saved_stderr if _State.saved_stderr is not None else 2
         with contextlib.suppress(OSError):
             os.write(target, line.encode())
-        os._exit(128 + signum)
+        os._exit(EXIT_CODE)

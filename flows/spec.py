@@ -61,6 +61,9 @@ REFUSED_FLAGS: dict[str, str] = {
                    "quantize on load); serve a checkpoint that holds what you mean",
     "config": "it reads more vLLM options from a file quantgate does not check; list them in "
               "extra_args",
+    "chat-template": "the scoring corpus and the comparability gate read the checkpoint's own "
+                     "template, not the flag's; put the template in the checkpoint as "
+                     "chat_template.jinja",
 }
 SHORT_FLAGS = {"-q": "quantization", "-tp": "tensor-parallel-size"}  # vLLM's short aliases of refused flags
 

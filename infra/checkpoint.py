@@ -127,6 +127,20 @@ def chat_template(checkpoint: Path) -> tuple[str | None, str]:
                           'list of {"name": ..., "template": ...}')
 
 
+def check_has_chat_template(checkpoint: Path, role: str = "baseline") -> None:
+    """The spec asks the chat endpoint (chat_template: true): vLLM answers it only with a
+    template (transformers dropped the default one), and the scoring corpus renders with it.
+    A base model without one is asked plain completions; a template is not guessed for it."""
+    if chat_template(checkpoint)[0] is not None:
+        return
+    raise CheckpointError(
+        f"{role} checkpoint {checkpoint} has no chat template (no {TEMPLATE_FILE}, no "
+        "chat_template in tokenizer_config.json) but the spec asks the chat endpoint "
+        "(chat_template: true, the default), which vLLM refuses without one: add the model's "
+        f"template as {checkpoint / TEMPLATE_FILE}, or set chat_template: false in the spec to "
+        "ask plain completions (a base model)")
+
+
 def check_same_chat_template(stage: str, checkpoint: Path, baseline: Path) -> None:
     """A stage must be asked with the baseline's chat template: the comparability gate fails a
     stage whose template differs, but only after both have been measured."""

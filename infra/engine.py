@@ -49,6 +49,18 @@ class EngineFacts(BaseModel):
         return kernel_summary(self.quantization, self.linear_kernels, self.fp8_marlin_fallback,
                               self.attention_backend)
 
+    def ready_line(self) -> str:
+        """How the engine came to answer, for the run log: 'healthy in 27.3 s' when this run
+        started it, 'already running at URL' for an external server (nothing was started, so
+        there is no start-up time); then its KV capacity, or that it did not say."""
+        from infra.secrets import redact
+
+        ready = (f"healthy in {self.startup_s:g} s" if self.startup_s is not None
+                 else f"already running at {redact(self.base_url)} (not started by this run)")
+        kv = (f"KV {self.kv_cache_tokens:,} tokens" if self.kv_cache_tokens is not None
+              else "KV capacity not reported")
+        return f"{ready}, {kv}"
+
     def command_line(self) -> str:
         """The command as one shell line, environment first, ready to paste."""
         import shlex

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(0, cores.engine)
         with engine as facts:
             os.sched_setaffinity(0, usable)
-            print(f"server healthy in {facts.startup_s}s: {facts.base_url} ({facts.model}); "
+            print(f"server {facts.ready_line()}: {facts.base_url} ({facts.model}); "
                   f"engine on cores {bind}, clients on "
                   f"{format_cores(cores.client) if cores else 'the same cores'}", flush=True)
             rows = compare(facts.base_url, facts.model, tokenizer, profile, users, args.out,

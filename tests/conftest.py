@@ -1,9 +1,12 @@
-"""Shared fixtures: an in-tree OpenAI-compatible fake server for plumbing tests."""
+"""Shared fixtures: an in-tree OpenAI-compatible fake server for plumbing tests; SIGTERM to a
+test session ends it as Ctrl-C does, leaving no process of it behind."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 
@@ -24,6 +27,45 @@ def pytest_configure(config) -> None:
     # to a stream that test's capture has closed; logging would print that error into whichever
     # test's output is being captured then.
     logging.raiseExceptions = False
+    with contextlib.suppress(ValueError):  # not the main thread: the signal is not ours to take
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+# The session's processes when SIGTERM came: servers started in their own process session (a
+# session fixture's Prefect server, the engines a `quantgate run` under test starts) survive the
+# default SIGTERM, which kills pytest before any fixture is torn down.
+_TERMINATED: list = []
+STOP_GRACE_S = 15.0  # a process's own exit after SIGTERM (vLLM's is the slowest), then SIGKILL
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """End the session as Ctrl-C does: KeyboardInterrupt, so pytest tears every fixture down
+    (each server stops in its context manager); pytest_unconfigure then stops what is left."""
+    import psutil
+
+    if _TERMINATED:
+        return  # already stopping: a second SIGTERM must not cut the teardown short
+    with contextlib.suppress(psutil.Error):
+        _TERMINATED.extend(psutil.Process().children(recursive=True))
+    _TERMINATED.append(None)  # marks the signal even when there were no children
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_unconfigure(config) -> None:
+    """After SIGTERM, every process the session had started is stopped: those the fixtures'
+    teardown left (a child a test killed leaves its own children to init), SIGTERM then SIGKILL."""
+    import psutil
+
+    left = [process for process in _TERMINATED if process is not None]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(left, timeout=STOP_GRACE_S)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from evalsets import perplexity
 from evalsets.perplexity import LOGPROBS_FILE, measure_perplexity, read_logprobs
 from evalsets.runner import SAMPLES_FILE, prepare_corpus
 from evalsets.token_corpus import CORPUS_FILE, ScoringCorpus, build_corpus, logged_items
+from infra.errors import MeasurementError
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 SYSTEM = "<|im_start|>system\nBe brief.<|im_end|>\n"
@@ -146,3 +147,16 @@ def test_without_a_tokenizer_the_prose_is_scored_as_text(tmp_path, monkeypatch):
     monkeypatch.setattr("evalsets.token_corpus.load_tokenizer", no_tokenizer)
     prepare_corpus(tmp_path / "base", None, tmp_path / "no-tokenizer", [], True)
     assert ScoringCorpus.read(tmp_path / "base") is None
+
+
+def test_a_tokenizer_without_a_chat_template_is_a_measurement_error_not_a_traceback(tmp_path):
+    """validate refuses such a baseline first; the corpus still fails in one named line, and
+    the runner then scores the prose alone."""
+    from tests.flows.test_bad_inputs import tiny_tokenizer
+
+    tiny_tokenizer(tmp_path / "tokenizer.json")
+    _samples(tmp_path / "quality" / "math", [("m1", "2+3?", "It is 5.")])
+    with pytest.raises(MeasurementError, match=f"scoring corpus: {tmp_path} has no chat template"):
+        build_corpus(tmp_path / "quality", ["math"], tmp_path, chat_template=True)
+    plain = build_corpus(tmp_path / "quality", ["math"], tmp_path, chat_template=False)
+    assert [s.name for s in plain.sequences][0] == "math/m1"

@@ -28,6 +28,8 @@ def compressed_tensors(weights: dict, activations: dict | None = None) -> dict:
     }
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 W8A16 = compressed_tensors(int_args(8, "channel"))
 W8A8 = compressed_tensors(int_args(8, "channel"), int_args(8, "token", dynamic=True))
 W4A16 = compressed_tensors(int_args(4, "group", 64))
@@ -56,6 +58,8 @@ def make_checkpoint(folder: Path, quantization_config: dict | None = None) -> Pa
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(safetensors_bytes())
     (folder / "vocab.json").write_text("{}")  # a tokenizer file: the engine needs one
+    # The chat endpoint needs a template (validate refuses a baseline without one).
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
     return folder
 
 

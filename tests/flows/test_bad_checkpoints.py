@@ -16,7 +16,7 @@ from flows.axes import checkpoint_axes, derive_axes
 from flows.cli import app
 from infra.errors import SpecError
 from tests.flows.checkpoints import W4A16, make_checkpoint, safetensors_bytes
-from tests.flows.test_bad_inputs import base_spec, tiny_tokenizer
+from tests.flows.test_bad_inputs import base_spec, external, tiny_tokenizer
 from tests.infra.test_cpu_support import AVX512
 
 runner = CliRunner()
@@ -228,3 +228,36 @@ def test_axes_take_compressed_tensors_defaults():
     qc = {"quant_method": "compressed-tensors", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"group_size": 128}, "input_activations": None}}}
     assert derive_axes({"quantization_config": qc}, {}).weights == "int8/group128"
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_baseline_without_a_chat_template_is_refused_before_any_engine(tmp_path, monkeypatch,
+                                                                        command):
+    """vLLM refuses the chat endpoint without a template and the scoring corpus renders with it:
+    found at validate, not as a traceback after the baseline's eval sets ran."""
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    spec = base_spec(tmp_path)
+    baseline = Path(spec["baseline"]["checkpoint"])
+    (baseline / "tokenizer_config.json").unlink()
+    line = validate(tmp_path, spec, command)[0]
+    assert f"baseline checkpoint {baseline} has no chat template" in line
+    assert f"add the model's template as {baseline / 'chat_template.jinja'}" in line
+    assert "or set chat_template: false in the spec to ask plain completions" in line
+
+
+def test_an_external_engines_baseline_needs_the_template_too(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    spec = base_spec(tmp_path)
+    external(spec)
+    (Path(spec["baseline"]["checkpoint"]) / "tokenizer_config.json").write_text("{}")
+    assert "has no chat template" in validate(tmp_path, spec)[0]
+
+
+def test_a_base_model_without_a_template_validates_on_plain_completions(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    spec = base_spec(tmp_path) | {"chat_template": False}
+    (Path(spec["baseline"]["checkpoint"]) / "tokenizer_config.json").unlink()
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from evalsets.scorers import SCORER_KINDS
 from flows.cli import app
 from tests.flows.test_cli import emulated_chain
 from tests.infra.test_cpu_support import AVX512
@@ -32,7 +33,7 @@ def spec_with(tmp_path, folder):
     return path
 
 
-@pytest.mark.parametrize("kind", ["exact", "regex", "numeric", "json", "code", "choice"])
+@pytest.mark.parametrize("kind", SCORER_KINDS)  # every kind the registry has, instructions too
 def test_scaffold_validates_as_is(tmp_path, avx512, kind):
     folder = tmp_path / "tickets"
     result = runner.invoke(app, ["new-evalset", str(folder), "--scorer", kind])
@@ -90,3 +91,10 @@ def test_validate_names_a_broken_row_of_the_scaffold_in_one_line(tmp_path, avx51
     assert result.exit_code == 2
     (line,) = [line for line in result.output.splitlines() if line.strip()]
     assert f"{data}:7: row 7 (id 't006'" in line and "prompt field 'prompt'" in line
+
+
+def test_help_lists_every_scorer_kind_of_the_registry():
+    result = runner.invoke(app, ["new-evalset", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"How its rows are scored: {', '.join(SCORER_KINDS)}." in " ".join(result.output.split())
+    assert "instructions" in SCORER_KINDS

@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 from tests.evalsets.chat_fake import FakeChat, _ChatHandler
 from tests.flows.test_bad_inputs import base_spec
+from tests.infra.test_cpu_support import AVX512
 
 ROOT = Path(__file__).parents[2]
 # Generous bounds on the waits, not measurements: the promise is 15 s after the signal.
@@ -85,10 +87,13 @@ def _alive(processes: list) -> list:
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_ctrl_c_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("sig, name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")],
+                         ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path, sig, name):
     with HangingChat() as engine:
         spec = base_spec(tmp_path)
-        spec["engine"] = {"kind": "external", "url": engine.base_url}
+        url = engine.base_url
+        spec["engine"] = {"kind": "external", "url": url}
         spec["stages"][0]["kind"] = "control"
         del spec["stages"][0]["engine_flags"]
         (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -104,14 +109,17 @@ def test_ctrl_c_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path)
                 before[0] = log.stat().st_size
                 return bool(engine.requests)
 
-            code, children, seconds = _interrupt_when(process, waiting_on_engine, signal.SIGINT)
+            code, children, seconds = _interrupt_when(process, waiting_on_engine, sig)
         engine.release.set()
     after = log.read_bytes()[before[0]:].decode(errors="replace")
+    # The external engine was not started by the run: no start-up time to print ("in Nones").
+    running = log.read_bytes()[:before[0]].decode(errors="replace")
+    assert f"stage baseline: already running at {url} (not started" in running
     lines = [line for line in after.splitlines() if line.strip()]
     assert code == 130, after
     assert children, "the run had started no process (Prefect's server): nothing was tested"
     assert _alive(children) == []
-    assert len(lines) == 1 and lines[0].startswith("interrupted by Ctrl-C: `quantgate run"), after
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted by {name}: `quantgate run"), after
     assert f"partial results under {(tmp_path / 'results').resolve()}" in lines[0]
     assert "no stage had finished" in lines[0]
     assert seconds < EXIT_WAIT_S
@@ -119,7 +127,8 @@ def test_ctrl_c_during_run_exits_130_in_one_line_and_leaves_no_process(tmp_path)
 
 def test_a_library_thread_that_never_ends_does_not_keep_the_process(tmp_path):
     """The watchdog: SIGTERM while a non-daemon thread blocks and a child runs; the process
-    still ends (143), the child is stopped, and the line is the only output after the signal."""
+    still ends (130, as for Ctrl-C), the child is stopped, and the line is the only output after
+    the signal."""
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent(f"""
         import subprocess, sys, threading, time
@@ -142,7 +151,60 @@ def test_a_library_thread_that_never_ends_does_not_keep_the_process(tmp_path):
     children = psutil.Process(process.pid).children(recursive=True)
     code, _, _ = _interrupt_when(process, lambda: True, signal.SIGTERM)
     rest = process.stdout.read()
-    assert code == 143, rest
+    assert code == 130, rest
     assert [line for line in rest.splitlines() if line.strip()] == [
         "interrupted by SIGTERM: kept nothing"]
     assert children and _alive(children) == []
+
+
+def test_a_describer_that_fails_still_gives_the_line(tmp_path):
+    """The last line is written and the exit is 130 even when saying what was kept fails."""
+    script = tmp_path / "broken.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from flows import interrupt
+        interrupt.install(lambda: 1 / 0)
+        print("ready", flush=True)
+        time.sleep(600)
+    """))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    assert process.stdout.readline() == "ready\n"
+    code, _, _ = _interrupt_when(process, lambda: True, signal.SIGTERM)
+    rest = process.stdout.read()
+    assert code == 130, rest
+    assert [line for line in rest.splitlines() if line.strip()] == [
+        "interrupted by SIGTERM: the run stopped; stored stages are reused when the same command "
+        "runs again"]
+
+
+def test_a_run_that_ends_hands_the_signals_back(tmp_path, monkeypatch):
+    """`run` called in-process (a test, a notebook) leaves the caller's handlers as they were."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    def mine(signum, frame):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    previous = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        spec = base_spec(tmp_path) | {"load_profile": "no-such-profile"}
+        (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+        result = CliRunner().invoke(app, ["run", str(tmp_path / "spec.yaml")])
+        assert result.exit_code == 2, result.output
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_interrupted_while_the_spec_is_checked_says_nothing_was_measured(tmp_path):
+    from flows.cli import _kept_on_interrupt
+
+    line = _kept_on_interrupt(tmp_path / "spec.yaml", None, 0.0)
+    assert line.startswith(f"`quantgate run {tmp_path / 'spec.yaml'}` stopped while its spec was "
+                           "checked, before any engine started; nothing was measured")

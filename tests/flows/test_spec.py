@@ -179,6 +179,8 @@ def test_sets_too_small_for_the_accuracy_gate_are_refused_with_the_items_needed(
     ("engine", ["--hf-overrides.quantization_config.bits=4"], r"rewrite quantization_config"),
     ("engine", ["--load-format", "dummy"], r"random weights"),
     ("engine", ["--config", "more.yaml"], r"does not check"),
+    ("engine", ["--chat-template", "t.jinja"], r"put the template in the checkpoint as "
+                                               r"chat_template\.jinja"),
     ("stage", ["--kv-cache-dtype", "auto"], r"stages\.0\.engine_flags\.extra_args.*"
                                              r"use engine_flags\.kv_cache_dtype"),
     ("stage", ["--quantization-config", "{}"], r"use engine_flags\.quantization or a quantized"),
@@ -200,8 +202,10 @@ def test_axis_flags_in_extra_args_are_refused_with_the_typed_field(tmp_path, whe
 
 def test_harmless_extra_args_pass(tmp_path):
     spec = load_spec(write_spec(tmp_path, engine={
-        "kind": "vllm", "extra_args": ["--max-num-seqs", "8", "--served-model-name", "m"]}))
-    assert spec.engine.extra_args == ["--max-num-seqs", "8", "--served-model-name", "m"]
+        "kind": "vllm", "extra_args": ["--max-num-seqs", "8", "--served-model-name", "m",
+                                       "--chat-template-content-format", "string"]}))
+    assert spec.engine.extra_args == ["--max-num-seqs", "8", "--served-model-name", "m",
+                                      "--chat-template-content-format", "string"]
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [

@@ -84,6 +84,7 @@ def test_named_templates_compare_as_the_gate_hashes_them(tmp_path):
 
 def test_a_stage_without_the_baselines_template_is_told_to_copy_it(tmp_path):
     base, stage = checkpoint(tmp_path, "base"), checkpoint(tmp_path, "stage")
+    (stage / "tokenizer_config.json").unlink()  # the stage ships no template
     (base / "chat_template.jinja").write_text("{{ messages }}")
     with pytest.raises(CheckpointError, match=f"chat template none .*copy {base / 'chat_template.jinja'} "
                        f"into {stage}"):
