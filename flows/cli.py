@@ -13,7 +13,7 @@ from typing import Annotated
 import click
 import typer
 import typer.core
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -24,15 +24,32 @@ from infra.secrets import redact
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-def _console(stderr: bool = False) -> Console:
-    """Off a terminal (a CI log, a pipe) rich would fold every table at 80 columns ("activatio /
-    ns"): there tables take the width they need, unless COLUMNS says otherwise."""
-    stream = sys.stderr if stderr else sys.stdout
-    plain = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, width=PLAIN_WIDTH if plain else None)
-
-
 PLAIN_WIDTH = 240
+
+
+class _Console(Console):
+    """rich's console, its width read at each print rather than once per process: COLUMNS when
+    set, else the terminal's. Off a terminal (a CI log, a pipe) rich would fold every table at 80
+    columns ("activatio / ns"): there tables take the width they need (PLAIN_WIDTH)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        height = super().size.height
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isdigit() and int(columns) > 0:
+            return ConsoleDimensions(int(columns), height)
+        if not self.is_terminal:
+            return ConsoleDimensions(PLAIN_WIDTH, height)
+        try:
+            return ConsoleDimensions(os.get_terminal_size(self.file.fileno()).columns, height)
+        except (AttributeError, OSError, ValueError):  # a terminal without a file number
+            return ConsoleDimensions(super().size.width, height)
+
+
+def _console(stderr: bool = False) -> Console:
+    return _Console(stderr=stderr)
+
+
 console = _console()
 err_console = _console(stderr=True)
 

@@ -271,3 +271,18 @@ def test_tables_off_a_terminal_are_not_folded(tmp_path, cpu, monkeypatch):
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines()]
     assert ["activations", "activations", "weights", "int8/channel", "int8/token/dynamic", "auto",
             "w8a8"] in cells, result.output  # one row, no cell folded onto a second line
+
+
+def test_the_console_reads_its_width_at_each_print(monkeypatch, capsys):
+    # Read once, where the console was made, COLUMNS=80 then folded every later command's
+    # output at 80 columns whatever COLUMNS said (pytest-xdist: one process, many commands).
+    import flows.cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = flows.cli._console()
+    monkeypatch.setenv("COLUMNS", "300")
+    assert out.width == 300
+    out.print("x" * 250, highlight=False)
+    assert capsys.readouterr().out == "x" * 250 + "\n"
+    monkeypatch.delenv("COLUMNS")
+    assert out.width == flows.cli.PLAIN_WIDTH  # off a terminal: tables take the width they need
