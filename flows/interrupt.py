@@ -113,6 +113,20 @@ def _watchdog() -> None:
     finish()
 
 
+def stop_processes(processes: list, grace_s: float) -> None:
+    """SIGTERM each psutil process, SIGKILL those still alive after `grace_s`, wait as long again."""
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
 def _stop_children() -> None:
     import psutil
 
@@ -120,14 +134,7 @@ def _stop_children() -> None:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=KILL_S)
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(alive, timeout=KILL_S)
+    stop_processes(children, KILL_S)
 
 
 def _kept() -> str:

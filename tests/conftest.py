@@ -55,17 +55,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def pytest_unconfigure(config) -> None:
     """After SIGTERM, every process the session had started is stopped: those the fixtures'
     teardown left (a child a test killed leaves its own children to init), SIGTERM then SIGKILL."""
-    import psutil
+    from flows.interrupt import stop_processes
 
-    left = [process for process in _TERMINATED if process is not None]
-    for process in left:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(left, timeout=STOP_GRACE_S)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    stop_processes([process for process in _TERMINATED if process is not None], STOP_GRACE_S)
 
 
 @pytest.fixture(scope="session")
