@@ -327,8 +327,11 @@ def status(tracking_uri: str, experiment: str, limit: int = 50) -> list[dict[str
     return rows
 
 
-async def _crash_leftovers() -> int:
-    """Runs still RUNNING on our workers once they are gone cannot finish: mark them crashed."""
+async def _crash_leftovers(pids: set[int]) -> int:
+    """Runs still RUNNING in flow processes of our workers once those are gone cannot finish:
+    mark them crashed. A run's process normally reports its own crash on SIGTERM, but it can die
+    first (signalled with its engines, mid-call); the server does not notice a process that is
+    gone, so a resubmit with the same key would find it RUNNING forever."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
@@ -338,11 +341,8 @@ async def _crash_leftovers() -> int:
         running = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
         count = 0
-        host = socket.gethostname()
         for run in running:
-            # Only this host's: a process worker records its runs as "<hostname>:<pid>".
-            if run.work_pool_name == POOL and str(run.infrastructure_pid or "").startswith(
-                    f"{host}:"):
+            if run.work_pool_name == POOL and flow_process_id(run.infrastructure_pid) in pids:
                 await client.set_flow_run_state(
                     run.id, Crashed(message="quantgate serve stopped while this run was running; "
                                     "submit it again to resume"), force=True)
@@ -350,8 +350,28 @@ async def _crash_leftovers() -> int:
         return count
 
 
-def crash_leftovers() -> int:
-    return asyncio.run(_crash_leftovers())
+def flow_process_id(infrastructure_pid: str | None) -> int | None:
+    """The process id a worker recorded for its run: Prefect 3.7's process worker writes the bare
+    pid, earlier ones "<hostname>:<pid>" (a pid from another host is never ours)."""
+    host, _, pid = str(infrastructure_pid or "").rpartition(":")
+    if host and host != socket.gethostname():
+        return None
+    return int(pid) if pid.isdigit() else None
+
+
+def flow_processes(workers: list[subprocess.Popen]) -> set[int]:
+    """The pids of every process under our workers (their flow runs among them)."""
+    import psutil
+
+    pids: set[int] = set()
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            pids.update(child.pid for child in psutil.Process(worker.pid).children(recursive=True))
+    return pids
+
+
+def crash_leftovers(pids: set[int]) -> int:
+    return asyncio.run(_crash_leftovers(pids))
 
 
 def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> list[str]:
@@ -440,9 +460,10 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
         processes = [start_worker(state_dir, name) for name in names]
 
         def stop_workers() -> None:
+            flows_under_workers = flow_processes(processes)  # before they are gone
             for process in processes:
                 stop_process_tree(process)
-            crashed = crash_leftovers()
+            crashed = crash_leftovers(flows_under_workers)
             if crashed:
                 log(f"{crashed} running acceptance(s) marked crashed; submit again to resume")
 

@@ -92,6 +92,30 @@ def test_the_same_key_is_the_same_run_and_a_crashed_one_resumes(servers, spec):
     assert other != first
 
 
+def test_runs_left_running_by_our_flow_processes_are_crashed_and_no_others(servers, spec):
+    """A flow process killed before it reports stays RUNNING on the server: serve marks it
+    crashed when its pid was under our workers, bare (Prefect 3.7) or "host:pid"."""
+    import socket
+
+    ours, bare, other_host, other_pid = (service.submit(spec)[0] for _ in range(4))
+    host = socket.gethostname()
+    pids = {ours: f"{host}:4242", bare: "4243", other_host: "elsewhere:4242", other_pid: "999"}
+
+    async def running():
+        from prefect.client.orchestration import get_client
+        from prefect.states import Running
+
+        async with get_client() as client:
+            for run_id, pid in pids.items():
+                await client.update_flow_run(run_id, infrastructure_pid=pid)
+                await client.set_flow_run_state(run_id, Running(), force=True)
+
+    asyncio.run(running())
+    assert service.crash_leftovers({4242, 4243}) == 2
+    assert [state(r) for r in pids] == ["CRASHED", "CRASHED", "RUNNING", "RUNNING"]
+    assert service.flow_process_id(None) is None and service.flow_process_id("x:y") is None
+
+
 def test_status_lists_runs_with_their_registry_version_and_verdict(servers, spec):
     import mlflow
 
