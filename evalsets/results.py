@@ -28,6 +28,12 @@ class QualityItem(BaseModel):
         default=None, description="Cluster of near-duplicate items (a template, a source document): "
         "items of one cluster are not independent, and intervals resample them together."
     )
+    samples: list[float] | None = Field(
+        default=None, description="A sampled set (evalsets.sampling): each sample's score, in seed "
+        "order; `score` is their mean.")
+    reasoning_tokens: int | None = Field(
+        default=None, description="Tokens of the reasoning trace split off before scoring (the "
+        "engine's reasoning parser or the set's `reasoning_end`); not in `output_tokens`.")
 
 
 class TaskQuality(BaseModel):

@@ -22,6 +22,7 @@ import httpx
 from evalsets.divergence import paired_tokens, summaries
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.sampling import combined, request_kwargs
 from evalsets.spec import EvalSetSpec
 from evalsets.structured import check_guided_decoding, structured_formats
 from infra.errors import MeasurementError, SpecError
@@ -42,7 +43,15 @@ def prompt_hash(prompt: str) -> str:
 def load_task_config(spec: EvalSetSpec) -> dict[str, Any]:
     """The set's task.yaml as an lm-eval config dict, data paths absolute, overrides applied; a
     user data file's config is built in memory around its scorer (evalsets.userset); a named
-    lm-eval task's is lm-eval's own (evalsets.lmeval_task)."""
+    lm-eval task's is lm-eval's own (evalsets.lmeval_task). A sampled set's generation settings
+    include its sampling (evalsets.sampling), `samples` among them, as the stages compare them."""
+    config = _task_config(spec)
+    if spec.sampling is not None:
+        config.setdefault("generation_kwargs", {}).update(spec.sampling.generation_kwargs())
+    return config
+
+
+def _task_config(spec: EvalSetSpec) -> dict[str, Any]:
     if spec.lm_eval is not None:
         from evalsets.lmeval_task import task_config
 
@@ -147,6 +156,7 @@ def samples_to_items(
     server_finish: dict[str, ServerFinish] | None = None,
     group_field: str | None = None,
     cluster_field: str | None = None,
+    traces: dict[str, str] | None = None,
 ) -> list[QualityItem]:
     """lm-eval's logged samples as QualityItems, in doc order; ids must be present and unique.
 
@@ -154,7 +164,8 @@ def samples_to_items(
     response text; otherwise tokens are counted with `count_tokens` and a response that used the
     whole budget counts as cut off ('length'). `group_field` names the doc field copied into
     `QualityItem.group` (a long-context bucket, say), `cluster_field` the one copied into
-    `QualityItem.cluster` (a template, say).
+    `QualityItem.cluster` (a template, say). `traces` maps an answer to the reasoning trace split
+    off it: counted as `reasoning_tokens`, out of the answer's `output_tokens`.
     """
     items = []
     for sample in sorted(samples, key=lambda s: s["doc_id"]):
@@ -170,7 +181,11 @@ def samples_to_items(
         response = _response(sample)
         reported = (server_finish or {}).get(response, ServerFinish(None, None))
         tokens = reported.completion_tokens
-        if tokens is None and count_tokens is not None:
+        trace = (traces or {}).get(response)
+        thinking = count_tokens(trace) if trace is not None and count_tokens is not None else None
+        if tokens is not None and thinking is not None:
+            tokens = max(0, tokens - thinking)  # the server counts the trace and the answer
+        elif tokens is None and count_tokens is not None:
             tokens = count_tokens(response)
         finish = reported.finish_reason
         if finish is None and tokens is not None:
@@ -187,6 +202,7 @@ def samples_to_items(
                 else None,
                 cluster=str(doc[cluster_field])
                 if cluster_field and doc.get(cluster_field) is not None else None,
+                reasoning_tokens=thinking,
             )
         )
     ids = [item.id for item in items]
@@ -223,9 +239,13 @@ def check_server(base_url: str, model: str) -> None:
 
 
 def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] | None = None,
-                    response_formats: dict[str, dict] | None = None, **model_args: Any) -> Any:
+                    response_formats: dict[str, dict] | None = None,
+                    reasoning_end: str | None = None, **model_args: Any) -> Any:
     """lm-eval's local (chat-)completions model that also keeps each response's finish reason
-    and completion tokens from the server, keyed by the response text (`.server_finish`).
+    and completion tokens from the server, keyed by the response text (`.server_finish`), and
+    the reasoning trace split off before scoring (`.traces`): the one an engine's reasoning
+    parser returned apart, or the text up to `reasoning_end`. A reply cut at the budget before
+    its trace closed has no answer at all.
 
     Chat requests carry an encoded dialogue (evalsets/multiturn.py) as its separate messages, so
     the server applies the chat template per turn. `response_formats` maps a prompt (the text
@@ -241,6 +261,7 @@ def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] |
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.server_finish: dict[str, ServerFinish] = {}
+            self.traces: dict[str, str] = {}
 
         def _create_payload(self, messages: Any, *args: Any, **kwargs: Any) -> dict:
             if apply_chat_template:
@@ -266,14 +287,38 @@ def recording_model(apply_chat_template: bool, on_items: Callable[[int], None] |
                 choices += out_choices
                 # usage is per request: it is one response's count only when there is one choice
                 usages += [tokens if len(out_choices) == 1 else None] * len(out_choices)
+            answers = []
             for text, choice, tokens in zip(texts, choices, usages, strict=False):
                 if text is not None:
+                    text, trace = split_trace(text, choice, reasoning_end)
                     self.server_finish[text] = ServerFinish(choice.get("finish_reason"), tokens)
+                    if trace is not None:
+                        self.traces[text] = trace
+                answers.append(text)
             if on_items is not None:
                 on_items(len(texts))
-            return texts
+            return answers
 
     return Recording(**model_args)
+
+
+def split_trace(text: str, choice: dict[str, Any], reasoning_end: str | None,
+                ) -> tuple[str, str | None]:
+    """(answer, reasoning trace or None) of one reply. vLLM's reasoning parsers return the trace
+    as `reasoning_content` (`reasoning` in later releases); otherwise the declared delimiter
+    splits it, and a reply cut at the budget without it is all trace."""
+    message = choice.get("message") or {}
+    parsed = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(parsed, str):
+        return text, parsed
+    if reasoning_end is None:
+        return text, None
+    trace, found, answer = text.partition(reasoning_end)
+    if found:
+        return answer.lstrip(), trace
+    if choice.get("finish_reason") == "length":
+        return "", text
+    return text, ""
 
 
 def _save_raw(results: dict[str, Any], folder: Path) -> None:
@@ -311,10 +356,10 @@ def run_evalset(
     sample size (raw results then in `out_dir/<set>-from<start>/`). With `structured_output`,
     every item that declares a JSON Schema is asked for with it as `response_format` (the
     engine's guided decoding); the others are asked as usual. A log-likelihood set (a user
-    `choice` set) needs `tokenizer_dir`: lm-eval then tokenizes with the model's own tokenizer."""
+    `choice` set) needs `tokenizer_dir`: lm-eval then tokenizes with the model's own tokenizer.
+    A sampled set runs once per sample (raw results in `<set>-s<j>/`), combined per item."""
     try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
+        import lm_eval.tasks  # noqa: F401 - the install hint before anything else
     except ImportError as exc:
         raise MeasurementError(INSTALL_HINT) from exc
 
@@ -338,11 +383,19 @@ def run_evalset(
 
     # A named lm-eval task reads its data from the local cache or folder only, never the Hub.
     data_access = lmeval_task.offline() if spec.lm_eval else contextlib.nullcontext()
-    try:
+    folder = out_dir / (f"{spec.name}-from{start}" if start else spec.name)
+    # A sampled set: k runs, sample j of every item with seed + j (evalsets.sampling).
+    seeds: list[int | None] = spec.sampling.seeds() if spec.sampling else [None]
+    runs = []
+    for index, seed in enumerate(seeds):
+        asked = copy.deepcopy(config)
+        if seed is not None:
+            asked["generation_kwargs"] = request_kwargs(config["generation_kwargs"], seed)
         lm = recording_model(
             apply_chat_template,
             on_items,
             structured_formats(config, spec.info) if structured_output else None,
+            spec.reasoning_end,
             model=model,
             base_url=root + endpoint,
             num_concurrent=num_concurrent,
@@ -351,15 +404,39 @@ def run_evalset(
             **tokenizing,
         )
         with data_access:
-            results = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[copy.deepcopy(config)],
-                task_manager=TaskManager(include_defaults=False),
-                apply_chat_template=apply_chat_template,
-                limit=limit,
-                log_samples=True,
-                bootstrap_iters=0,
-            )
+            samples = _evaluate(lm, asked, spec, root, limit, apply_chat_template)
+        _save_raw(samples, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
+        samples = samples["samples"][config["task"]]
+        if spec.lm_eval is not None:  # one filter's samples, each named by lm-eval's doc identity
+            samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config),
+                                             start)
+        items = samples_to_items(
+            samples, metric, max_gen_toks, count_tokens, lm.server_finish,
+            group_field(spec), cluster_field(spec), lm.traces,
+        )
+        if not items:
+            raise MeasurementError(f"quality: eval set {spec.name!r} produced no items")
+        runs.append(TaskQuality(task=spec.name, metric=metric, items=items,
+                                value=sum(item.score for item in items) / len(items)))
+    return runs[0] if len(runs) == 1 else combined(runs)
+
+
+def _evaluate(lm: Any, config: dict[str, Any], spec: EvalSetSpec, root: str,
+              limit: int | None, apply_chat_template: bool) -> dict[str, Any]:
+    """One pass of lm-eval over the set; its results, the set's samples among them."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    try:
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[copy.deepcopy(config)],
+            task_manager=TaskManager(include_defaults=False),
+            apply_chat_template=apply_chat_template,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
     except MeasurementError:
         raise
     except Exception as exc:  # lm-eval raises anything from HTTP errors to KeyErrors
@@ -370,23 +447,7 @@ def run_evalset(
         ) from exc
     if not results or config["task"] not in results.get("samples", {}):
         raise MeasurementError(f"quality: lm-eval returned no samples for {spec.name!r}")
-
-    _save_raw(results, out_dir / (f"{spec.name}-from{start}" if start else spec.name))
-    samples = results["samples"][config["task"]]
-    if spec.lm_eval is not None:  # one filter's samples, each named by lm-eval's doc identity
-        samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config), start)
-    items = samples_to_items(
-        samples, metric, max_gen_toks, count_tokens, lm.server_finish,
-        group_field(spec), cluster_field(spec),
-    )
-    if not items:
-        raise MeasurementError(f"quality: eval set {spec.name!r} produced no items")
-    return TaskQuality(
-        task=spec.name,
-        metric=metric,
-        value=sum(item.score for item in items) / len(items),
-        items=items,
-    )
+    return results
 
 
 def prepare_corpus(out_dir: Path, baseline_dir: Path | None, tokenizer_dir: Path,
@@ -453,7 +514,8 @@ def run_quality(
     result = QualityResult()
     for spec in sets:
         started = time.monotonic()
-        with progress.task(f"{out_dir.parent.name}: {spec.name}", spec.limit) as advance:
+        total = spec.limit * (spec.sampling.samples if spec.sampling else 1) if spec.limit else None
+        with progress.task(f"{out_dir.parent.name}: {spec.name}", total) as advance:
             task = run_evalset(base_url, model, spec, out_dir, count_tokens, apply_chat_template,
                                num_concurrent, on_items=advance,
                                structured_output=structured_output,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from evalsets.sampling import Sampling
 from evalsets.scorers import SCORER_KINDS, Scorer
 from infra.errors import SpecError, did_you_mean
 
@@ -114,6 +115,15 @@ class EvalSetSpec(BaseModel):
         description="Use only items of these groups (e.g. long-context buckets '512', '1k').",
     )
 
+    sampling: Sampling | None = Field(
+        default=None, description="Sample each item k times (a reasoning model, evaluated as its "
+        "maker does) instead of greedy decoding: the item's score is the mean of its samples.")
+    reasoning_end: str | None = Field(
+        default=None, min_length=1, description="The text that closes a reasoning trace (e.g. "
+        "'</think>'): what precedes it is split off before scoring and its length judged by a "
+        "length rule of its own. An engine served with a --reasoning-parser returns the trace "
+        "apart and needs none.")
+
     lm_eval: str | None = Field(
         default=None, description="One of lm-eval's own tasks by name (e.g. 'gsm8k'), run with "
         "lm-eval's task config and paired on its document identity; `name` defaults to it.")
@@ -144,6 +154,9 @@ class EvalSetSpec(BaseModel):
     @model_validator(mode="after")
     def _known(self) -> EvalSetSpec:
         sets = registry()
+        if self.sampling is not None and getattr(self.scorer, "kind", None) == "choice":
+            raise ValueError(f"eval set {self.name!r}: a choice set is scored by log-likelihood, "
+                             "nothing is sampled; drop `sampling`")
         if self.lm_eval is not None:
             return self._named_task(sets)
         named = self._given("num_fewshot", "filter", "data")

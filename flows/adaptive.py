@@ -45,7 +45,8 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
            structured_output: bool = False) -> list[QualityItem]:
     batch = spec.model_copy(update={"limit": stop - start})
     label = f"{out_dir.parent.name}: {spec.name} items {start + 1}-{stop}"
-    with progress.task(label, stop - start) as advance:
+    samples = spec.sampling.samples if spec.sampling else 1
+    with progress.task(label, (stop - start) * samples) as advance:
         task = run_evalset(facts.base_url, facts.model, batch, out_dir,
                            token_counter(tokenizer_dir), chat_template, num_concurrent,
                            start=start, on_items=advance, structured_output=structured_output,

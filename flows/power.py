@@ -48,7 +48,8 @@ def set_shapes(spec: Spec, pools: dict[str, int]) -> tuple[SetShape, ...]:
         # fit is a problem of the set, which the length rules name once it runs.
         shapes.append(SetShape(evalset.name, evalset.first_look(pool), pool,
                                dict.fromkeys(groups, PLANNING_ACCURACY),
-                               tokens=min(60.0, budget / 3), budget=budget))
+                               tokens=min(60.0, budget / 3), budget=budget,
+                               samples=evalset.sampling.samples if evalset.sampling else 1))
     return tuple(shapes)
 
 

@@ -297,6 +297,15 @@ class Spec(Strict):
         return self
 
     @model_validator(mode="after")
+    def _sampling_as_the_baseline_says(self) -> Spec:
+        """A sampled set's settings left out come from the baseline's generation_config.json:
+        one resolution for every stage, recorded and compared like any generation setting."""
+        for evalset in self.evalsets:
+            if evalset.sampling is not None:
+                evalset.sampling = evalset.sampling.resolved(self.baseline.checkpoint)
+        return self
+
+    @model_validator(mode="after")
     def _names(self) -> Spec:
         seen = {"baseline"}
         for index, stage in enumerate(self.stages):

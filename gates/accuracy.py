@@ -30,6 +30,7 @@ import numpy as np
 from scipy.stats import norm
 
 from evalsets.results import QualityItem, QualityResult
+from evalsets.sampling import sub_items
 from gates import stats
 from gates.length import length_checks, length_ratios
 from gates.noninferiority import (
@@ -55,6 +56,20 @@ def correct(item: QualityItem) -> bool:
 def serves_quantized_kv(axes: dict[str, str] | None) -> bool:
     """The stage's KV cache is quantized (any dtype but the model's own)."""
     return (axes or {}).get("kv_cache", "auto") not in ("auto", "none", "")
+
+
+def by_sample(pairs: Pairs) -> Pairs:
+    """Sampled items as their samples, sample j against sample j (the same seed on both sides),
+    the k samples of an item one cluster (evalsets.sampling); other pairs as they are."""
+    out: Pairs = []
+    for first, second in pairs:
+        mine, theirs = sub_items(first), sub_items(second)
+        out += list(zip(mine, theirs, strict=True)) if len(mine) == len(theirs) else [(first, second)]
+    return out
+
+
+def samples_per_item(pairs: Pairs) -> int:
+    return max((len(first.samples or ()) for first, _ in pairs), default=0) or 1
 
 
 def _differences(pairs: Pairs) -> list[int]:
@@ -93,10 +108,13 @@ class SetCounts:
     parent_broke: int
     parent_fixed: int
     strata: list[Stratum] = field(default_factory=list)
+    samples: int = 1  # per item, in a sampled set: `n` counts samples, `items` the items
 
     @classmethod
     def of(cls, rule: str, vs_baseline: Pairs, vs_parent: Pairs,
            deff: float | None = None) -> SetCounts:
+        samples = samples_per_item(vs_baseline)
+        vs_baseline, vs_parent = by_sample(vs_baseline), by_sample(vs_parent)
         deff = set_design_effect(vs_baseline) if deff is None else deff
         return cls(
             rule=rule, n=len(vs_baseline),
@@ -107,7 +125,12 @@ class SetCounts:
             parent_broke=sum(correct(p) and not correct(s) for p, s in vs_parent),
             parent_fixed=sum(not correct(p) and correct(s) for p, s in vs_parent),
             strata=_strata(vs_baseline, deff),
+            samples=samples,
         )
+
+    @property
+    def items(self) -> int:
+        return self.n // self.samples
 
     @property
     def design_effect(self) -> float:
@@ -131,7 +154,7 @@ class SetCounts:
         a go)."""
         discordance = (self.broke + self.fixed + 1) / (self.n + 2)
         z = float(norm.ppf(1 - level) + norm.ppf(power))
-        return math.ceil(self.design_effect * discordance * (z / margin) ** 2)
+        return math.ceil(self.design_effect * discordance * (z / margin) ** 2 / self.samples)
 
     def bound(self, margin: float) -> str | None:
         """Why this set cannot vouch at this margin, or None.
@@ -146,6 +169,9 @@ class SetCounts:
     def summary(self) -> str:
         clustered = (f"; clusters: design effect {self.design_effect:.2f}"
                      if self.design_effect > 1 else "")
+        if self.samples > 1:
+            clustered = (f"; {self.samples} samples of each of {self.items} items"
+                         f"{clustered.replace('; clusters', ', items as clusters')}")
         return (f"{self.stage_correct}/{self.n} vs baseline {self.baseline_correct}/{self.n} "
                 f"({self.broke} right->wrong, {self.fixed} wrong->right{clustered})")
 
@@ -183,7 +209,7 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
                       f"no eval set can vouch for accuracy at a {100 * margin:.0f}-point margin{note}",
                       details={"sets": 0, "margin": margin})
     estimate, low, high = interval
-    sizes = [s.n for s in vouching]
+    sizes = [s.items for s in vouching]
     power = simulated_power(sizes, margin, q.planning_discordance, level, seed=q.seed, draws=4000)
     per_set = ", ".join(f"{s.rule.removeprefix('quality.')} {s.summary()}" for s in vouching)
     reason = (
@@ -221,6 +247,8 @@ def set_check(s: SetCounts, margin: float, required: bool, policy: GatePolicy,
                "ci_low": low, "ci_high": high, "margin": margin, "broke": s.broke,
                "fixed": s.fixed, "parent_broke": s.parent_broke, "parent_fixed": s.parent_fixed,
                "p_mcnemar": p_parent, "design_effect": s.design_effect}
+    if s.samples > 1:
+        details["samples"] = s.samples
     fields = {"value": low, "limit": -margin, "details": details}
     outcome = _outcome(low, high, margin)
     if outcome == "fail":
@@ -325,10 +353,10 @@ def checks_at_look(
         sets.append(counts)
         for group, (in_group, of_parent) in _group_pairs(vs_baseline, vs_parent).items():
             g = SetCounts.of(f"{rule}.{group}", in_group, of_parent, deff=counts.design_effect)
-            if g.n < q.min_items:
+            if g.items < q.min_items:
                 group_checks.append(judged(
                     g.rule, "inconclusive", per_group,
-                    f"only {g.n} paired items in group {group!r} (< {q.min_items}): "
+                    f"only {g.items} paired items in group {group!r} (< {q.min_items}): "
                     f"{g.summary()}", value=g.n, limit=q.min_items,
                     details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
                              "stage_accuracy": g.stage_correct / g.n}))
@@ -426,7 +454,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
         at = counts.own_margin(at, ratio, margin) if capped else at
-        if counts.n < q.min_items:
+        if counts.items < q.min_items:
             return q.min_items
         if counts.bound(at) or _outcome(*score_interval(counts.strata, level)[1:],
                                         at) != "inconclusive":
@@ -435,7 +463,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
 
     def group_unresolved(name: str) -> int:
         vs_baseline, vs_parent = paired[name]
-        deff, n = sets[name].design_effect, sets[name].n
+        deff, n = sets[name].design_effect, sets[name].items
         wanted = [unresolved(SetCounts.of(name, g_base, g_parent, deff),
                              margin * q.group_margin_factor, capped=False)
                   * n // max(1, len(g_base))

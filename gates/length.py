@@ -360,7 +360,8 @@ def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarr
 def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy,
                   baseline: StageRecord | None = None) -> list[Check]:
     """Output length per set vs the parent ("length", first), vs the baseline ("length.baseline",
-    the chain as a whole) unless the parent is the baseline, and the share cut at the budget."""
+    the chain as a whole) unless the parent is the baseline, the reasoning traces' length vs the
+    parent's ("length.reasoning") where the sets split them off, and the share cut at the budget."""
     if stage.quality is None or parent.quality is None:
         return [missing("length", "output length")]
     rules = policy.length
@@ -371,7 +372,27 @@ def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy,
         else:
             checks += _rule("length.baseline", "baseline", stage, baseline,
                             rules.log_bounds_vs_baseline, policy)
+    reasoning = traces(stage), traces(parent)
+    if reasoning[0] is not None and reasoning[1] is not None:
+        # Quantization changes the thinking length first: the trace is judged as answers are.
+        checks += _rule("length.reasoning", "parent's trace", *reasoning, rules.log_bounds, policy)
     return checks + [_finish_check(stage, parent, policy)]
+
+
+def traces(record: StageRecord) -> StageRecord | None:
+    """The record's reasoning traces as its answers (sets whose items carry reasoning_tokens), a
+    trace cut at the budget where the answer never came; None when it has none."""
+    if record.quality is None:
+        return None
+    tasks = {name: task.model_copy(update={"items": [item.model_copy(update={
+        "output_tokens": item.reasoning_tokens,
+        "finish_reason": "length" if item.finish_reason == "length" and not item.output_tokens
+        else "stop"}) for item in task.items]})
+        for name, task in record.quality.tasks.items()
+        if any(item.reasoning_tokens is not None for item in task.items)}
+    if not tasks:
+        return None
+    return record.model_copy(update={"quality": record.quality.model_copy(update={"tasks": tasks})})
 
 
 def _finish_check(stage: StageRecord, parent: StageRecord, policy: GatePolicy) -> Check:

@@ -7,7 +7,9 @@ a stage as good as the baseline whose items flip at the policy's planning discor
 chance of a go: power) and for a stage that loses exactly the pooled margin (the chance of a
 false go). Planning assumptions, stated with the figure: baseline accuracy 50 % in every group,
 answers of about 60 tokens (a third of a smaller budget), divergence far inside its limits (the
-corpus is not what a spec sizes), latency as a good stage's.
+corpus is not what a spec sizes), latency as a good stage's; in a sampled set, the k samples of
+an item share their draws half the time (an item is easy or hard for every sample), so k samples
+count for less than k items.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ What real records carry and a naive simulation leaves out, each drawn here:
   "length"), so the recorded length is a lower bound of the true one;
 - per-token KL with heavy tails and block correlation (a per-block scale times a mixture of small
   and lognormal-heavy values), top-1 agreement and NLL differences on the same positions;
-- chains: each stage is drawn from its parent with the step's own change.
+- chains: each stage is drawn from its parent with the step's own change;
+- sampled sets (k samples per item, evalsets.sampling): an answer per item and sample, the k
+  samples of an item sharing their draws with probability `sample_rho` (an item is easy or hard
+  for every sample), flips drawn per sample as the same seed on both sides leaves them.
 
 The drop a scenario names is the drop simulated: per item, P(right -> wrong) and P(wrong -> right)
 are solved from the parent's realised accuracy so that their difference is the drop exactly (in
@@ -43,6 +46,8 @@ class SetShape:
     budget: int = 256  # generation budget: longer answers are cut here (finish "length")
     cluster_size: int = 1
     cluster_rho: float = 0.0
+    samples: int = 1  # per item (a sampled set): answers are then (pool, samples)
+    sample_rho: float = 0.5
 
     @property
     def groups(self) -> list[str]:
@@ -89,18 +94,27 @@ class Step:
 
 
 def _correlated_uniforms(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
-    """One uniform per pool item; items of a cluster share their cluster's with P(cluster_rho)."""
-    own = rng.random(shape.pool)
+    """One uniform per pool item (per item and sample: (pool, samples)); items of a cluster share
+    their cluster's with P(cluster_rho), samples of an item the item's with P(sample_rho)."""
+    if shape.samples > 1:
+        own = rng.random((shape.pool, shape.samples))
+        item = np.repeat(rng.random(shape.pool)[:, None], shape.samples, axis=1)
+        own = np.where(rng.random(own.shape) < shape.sample_rho, item, own)
+    else:
+        own = rng.random(shape.pool)
     if shape.cluster_size <= 1 or shape.cluster_rho <= 0:
         return own
     clusters = shape.cluster_labels
     shared = rng.random(clusters.max() + 1)[clusters]
-    return np.where(rng.random(shape.pool) < shape.cluster_rho, shared, own)
+    if own.ndim == 2:
+        shared = np.repeat(shared[:, None], shape.samples, axis=1)
+    return np.where(rng.random(own.shape) < shape.cluster_rho, shared, own)
 
 
 def baseline_answers(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
     accuracy = np.vectorize(shape.accuracy.__getitem__, otypes=[float])(shape.group_labels)
-    return _correlated_uniforms(rng, shape) < accuracy
+    uniforms = _correlated_uniforms(rng, shape)
+    return uniforms < (accuracy[:, None] if uniforms.ndim == 2 else accuracy)
 
 
 def _flip_rates(accuracy: float, drop: float, discordance: float) -> tuple[float, float]:
@@ -171,8 +185,10 @@ def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
         items = []
         for i in range(sizes[shape.name]):
             cut = true_length[i] >= shape.budget
+            samples = [float(x) for x in right[i]] if right.ndim == 2 else None
             items.append(QualityItem(
-                id=str(i), prompt_hash="h", response="", score=float(right[i]),
+                id=str(i), prompt_hash="h", response="", samples=samples,
+                score=float(np.mean(right[i])),
                 output_tokens=int(min(true_length[i], shape.budget)),
                 finish_reason="length" if cut else "stop", group=shape.group_of(i) or None,
                 cluster=str(shape.cluster_of(i)) if shape.cluster_size > 1 else None))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tests.fake_openai import FakeOpenAI, _Handler
 
 
 class FakeChat(FakeOpenAI):
-    """Answers every chat request with `answer`; `requests` holds the bodies it received."""
+    """Answers every chat request with `answer` (or `answer(body)`); `requests` holds the bodies
+    it received."""
 
-    def __init__(self, answer: str = "42", **kwargs: Any) -> None:
+    def __init__(self, answer: str | Callable[[dict], str] = "42", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.answer = answer
 
@@ -35,6 +37,7 @@ class _ChatHandler(_Handler):
         self._json(200, {
             "id": "chat-fake", "object": "chat.completion", "model": fake.model,
             "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": fake.answer}}],
+                         "message": {"role": "assistant", "content": fake.answer(body)
+                                     if callable(fake.answer) else fake.answer}}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
         })

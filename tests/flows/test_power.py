@@ -58,3 +58,24 @@ def test_validate_names_the_false_go_risk_of_one_set_losing_the_margin(monkeypat
     assert plan.one_set == "code" and plan.at_margin_one_set is not None
     assert plan.at_margin_one_set > plan.at_margin  # a diluted loss slips by more often
     assert "when only code loses it" in plan.describe(0.8)
+
+
+def test_a_sampled_set_is_planned_with_its_samples_and_they_buy_power_but_not_k_items():
+    from gates.simulate import SetShape, Step
+    from gates.trials import Scenario, p_go
+
+    sets = [EvalSetSpec(name="math", limit=60, sampling={"samples": 4})]
+    (math,) = set_shapes(SimpleNamespace(evalsets=sets), {"math": 240})
+    assert math.samples == 4
+    policy = GatePolicy()
+
+    def blocked(samples: int, items: int) -> int:
+        """Simulated runs of an equivalent stage whose pooled accuracy rule did not pass."""
+        shape = SetShape("math", items, items, {"": 0.5}, samples=samples)
+        scenario = Scenario("equivalent", [Step(kl=0.05, top1=0.995)], sets=(shape,),
+                            corpus_tokens=2560, flips=policy.quality.planning_discordance)
+        return p_go(scenario, policy, 30, 7)[1].get("quality.accuracy", 0)
+
+    # Four samples of 60 items resolve accuracy better than one sample, and no better than 240
+    # items would: an item's samples share their draws.
+    assert blocked(1, 60) > blocked(4, 60) >= blocked(1, 240)
