@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.values import MAX_RESAMPLES, at_most
@@ -193,6 +193,19 @@ class GatePolicy(Rules):
     latency: LatencyRules = Field(default_factory=LatencyRules)
     load: LoadRules = Field(default_factory=LoadRules)
     length: LengthRules = Field(default_factory=LengthRules)
+    rules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, exclude_if=lambda sections: not sections,  # a policy without
+        # plug-ins dumps (and hashes) as it did before they existed
+        description="Settings of rules added as plug-ins (gates/rules/), "
+        "by rule name; each is validated by its rule's own model.")
+
+    @model_validator(mode="after")
+    def _plugin_settings(self) -> GatePolicy:
+        if self.rules:  # the built-in rules take their sections above; plug-ins are loaded here
+            from gates.rules import check_settings
+
+            check_settings(self.rules)
+        return self
 
     def reachable(self, items: int, pool: int) -> int:
         """Items a set of `items` can grow to by the last look, within its `pool`."""

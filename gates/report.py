@@ -6,18 +6,17 @@ import base64
 import datetime as dt
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gates import plots, recovery
+from gates import plots, recovery, rules
 from gates.context_curve import curve_tables
 from gates.engine_facts import engine_rows, kernel_changes
 from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
-from gates.verdict import Check, StageVerdict, Verdict
+from gates.verdict import StageVerdict, Verdict
 from gates.whatif.search import Workload
 from gates.whatif.section import DEFAULT_GPUS, whatif_section
 
@@ -25,64 +24,12 @@ TEMPLATES = Path(__file__).with_name("templates")
 MAX_FLIPS_SHOWN = 40
 
 
-def _check(stage: StageVerdict, rule: str) -> Check | None:
-    return next((c for c in stage.checks if c.rule == rule), None)
-
-
-def _cell(check: Check | None, text: str) -> dict[str, str]:
-    return {"text": text, "status": check.status if check else "n/a"}
-
-
-def _pts(x: Any) -> str:
-    return f"{100 * float(x):+.1f}"
-
-
-def _ratio(x: Any) -> str:
-    return f"x{float(x):.2f}" if x is not None else "-"
-
-
 def _headline(stage: StageVerdict, set_names: list[str]) -> dict[str, Any]:
-    """One row of the per-stage table: every gated figure with its CI and status."""
+    """One row of the per-stage table: every registered rule's cells (gates/rules/)."""
     cells: dict[str, dict[str, str]] = {}
-    for name in set_names:
-        c = _check(stage, f"quality.{name}")
-        d = c.details if c else {}
-        text = (f"{_pts(d['difference'])} [{_pts(d['ci_low'])}, {_pts(d['ci_high'])}] pts; "
-                f"flips -{d['broke']}/+{d['fixed']}" if "ci_low" in d else (c.reason if c else "-"))
-        cells[f"quality.{name}"] = _cell(c, text)
-    c = _check(stage, "divergence.kl")
-    cells["kl"] = _cell(c, f"{c.details['mean_kl']:.4f} [{c.details['ci_low']:.4f}, "
-                           f"{c.details['ci_high']:.4f}]" if c else "-")
-    c = _check(stage, "divergence.top1")
-    cells["top1"] = _cell(c, f"{c.details['top1']:.1%} [{c.details['ci_low']:.1%}, "
-                             f"{c.details['ci_high']:.1%}]" if c else "-")
-    missing = _check(stage, "divergence")
-    if missing:
-        cells["kl"] = cells["top1"] = _cell(missing, "not measured")
-    c = _check(stage, "perplexity.baseline") or _check(stage, "perplexity.parent")
-    cells["perplexity"] = _cell(c, f"{c.details['perplexity']:.3f} ({c.value:+.1%} "
-                                   f"[{c.details['ci_low']:+.1%}, {c.details['ci_high']:+.1%}])"
-                                if c and c.value is not None else "-")
-    c = _check(stage, "length")
-    cells["length"] = _cell(c, f"x{math.exp(c.details['mean_log_ratio']):.3f} "
-                               f"[x{math.exp(c.details['ci_low']):.3f}, "
-                               f"x{math.exp(c.details['ci_high']):.3f}]"
-                            if c and "ci_low" in c.details else (c.reason if c else "-"))
-    c = next((c for c in stage.checks if c.rule.endswith("tpot_p50_ms")), None)
-    if c and "ci_low" in c.details:
-        text = f"{c.details['increase']:+.1%} [{c.details['ci_low']:+.1%}, {c.details['ci_high']:+.1%}]"
-    elif c and c.value is not None:
-        text = f"{c.value:+.1%}"
-    else:
-        text = next((x.reason.split(":")[0] for x in stage.checks if x.rule.startswith("latency.")
-                     and not x.applicable), "-")
-    cells["tpot"] = _cell(c, text)
-    engine = _check(stage, "engine")
-    gains = engine.details if engine else {}
-    bought = [f"weights {_ratio(gains.get('weight_bytes_vs_baseline'))}",
-              f"KV tokens {_ratio(gains.get('kv_cache_tokens_vs_baseline'))}",
-              f"tokens/s at high load {_ratio(gains.get('high.output_tokens_per_s_vs_parent'))}"]
-    return {"stage": stage, "cells": cells, "bought": ", ".join(bought) if engine else "-"}
+    for rule in rules.registered():
+        cells |= rule.cells(stage, set_names)
+    return {"stage": stage, "cells": cells}
 
 
 def _prompts(set_name: str) -> dict[str, str]:
@@ -311,6 +258,7 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
     return {
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
+        "columns": rules.columns(),
         "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
         "kernel_changes": kernel_changes(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),

@@ -1,0 +1,124 @@
+"""Gate rules as plug-ins: one module per rule, holding its checks, its report cells and (for a
+rule added later) its own policy settings.
+
+`gates.checks` runs every registered rule in the order of RULE_MODULES, and the report's headline
+table takes one column per cell a rule declares, so neither lists the rules again. The built-in
+rules keep their settings in their sections of the policy (`quality`, `divergence`, `length`, ...,
+gates/policy.py); a rule added later declares a pydantic `settings` model and reads its section
+under `rules: {<name>: ...}` of the policy YAML, validated when the policy loads.
+
+Adding a rule: a module here that subclasses `Rule` and calls `register`, its name in
+RULE_MODULES, its settings in the YAML, and tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:  # the rules are imported by name (registered()), not at import time
+    from gates.policy import GatePolicy
+    from gates.record import StageRecord
+    from gates.verdict import Check, StageVerdict
+
+# In check order: asked the same way first (the other rules mean nothing otherwise), engine last.
+RULE_MODULES = ("comparability", "accuracy", "divergence", "perplexity", "latency", "length",
+                "engine")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every rule is judged on: the stage, its parent, the baseline and the policy;
+    `records` holds every stage by name, for rules that walk the whole chain."""
+
+    stage: StageRecord
+    parent: StageRecord
+    baseline: StageRecord
+    policy: GatePolicy
+    records: Mapping[str, StageRecord] | None = None
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the report's headline table: its key in a row's cells and its header."""
+
+    key: str
+    header: str
+    rank: int  # left to right in the table (quality first, divergence, ..., what it bought)
+    gated: bool = True  # its cell shows the check's status (an engine fact is shown, not gated)
+
+
+class Rule:
+    """A gate rule: `checks` judges a stage; `cells` fills the report's columns from its checks."""
+
+    name: ClassVar[str]
+    columns: ClassVar[tuple[Column, ...]] = ()
+    settings: ClassVar[type[BaseModel] | None] = None  # a plug-in rule's policy section
+
+    def checks(self, context: Context) -> list[Check]:
+        raise NotImplementedError
+
+    def cells(self, stage: StageVerdict, set_names: list[str]) -> dict[str, dict[str, str]]:
+        return {}
+
+    def options(self, policy: GatePolicy) -> BaseModel | None:
+        """This rule's settings from the policy's `rules` section (defaults where it has none)."""
+        if self.settings is None:
+            return None
+        return self.settings.model_validate(policy.rules.get(self.name, {}))
+
+
+_REGISTRY: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    _REGISTRY[rule.name] = rule
+    return rule
+
+
+def registered() -> list[Rule]:
+    """Every rule, in check order (its module imported on first use)."""
+    for module in RULE_MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+    return list(_REGISTRY.values())
+
+
+def columns() -> list[Column]:
+    return sorted((column for rule in registered() for column in rule.columns),
+                  key=lambda column: column.rank)
+
+
+def check_settings(sections: Mapping[str, Any]) -> None:
+    """The policy's `rules` sections: each names a rule that takes settings, and is valid for it
+    (raises ValueError naming the rule and the field)."""
+    rules = {rule.name: rule for rule in registered()}
+    for name, section in sections.items():
+        rule = rules.get(name)
+        if rule is None or rule.settings is None:
+            from infra.errors import did_you_mean
+
+            takes = tuple(n for n, r in rules.items() if r.settings is not None)
+            raise ValueError(f"rules.{name}: no rule of that name takes settings; "
+                             f"{did_you_mean(name, takes) if takes else 'none does'}")
+        try:
+            rule.settings.model_validate(section)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"rules.{name}.{field}: {first['msg']}") from err
+
+
+def cell(check: Check | None, text: str) -> dict[str, str]:
+    return {"text": text, "status": check.status if check else "n/a"}
+
+
+def find(stage: StageVerdict, rule: str) -> Check | None:
+    return next((c for c in stage.checks if c.rule == rule), None)
+
+
+def pts(x: Any) -> str:
+    return f"{100 * float(x):+.1f}"
