@@ -6,7 +6,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,10 @@ def _prompts(set_name: str) -> dict[str, str]:
         return {}
 
 
-def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
-    """Per stage, the items whose score crossed 0.5 against the parent, with both responses."""
+def flipped_items(records: list[StageRecord],
+                  prompts: Callable[[str], dict[str, str]] = _prompts) -> list[dict[str, Any]]:
+    """Per stage, the items whose score crossed 0.5 against the parent, with both responses;
+    `prompts(set)` gives a set's prompt texts by id (default: from the set's data as it is now)."""
     by_name = {r.name: r for r in records}
     out = []
     for record in records:
@@ -72,7 +74,7 @@ def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
             task = record.quality.tasks.get(name)
             if task is None:
                 continue
-            prompts = _prompts(name)
+            texts = prompts(name)
             mine = {i.id: i for i in task.items}
             for before in parent_task.items:
                 after = mine.get(before.id)
@@ -81,7 +83,7 @@ def flipped_items(records: list[StageRecord]) -> list[dict[str, Any]]:
                 rows.append({
                     "set": name, "id": before.id, "group": before.group,
                     "direction": "correct->wrong" if before.score >= 0.5 else "wrong->correct",
-                    "prompt": prompts.get(before.id, f"(prompt not stored; sha256 {before.prompt_hash})"),
+                    "prompt": texts.get(before.id, f"(prompt not stored; sha256 {before.prompt_hash})"),
                     "parent_response": before.response, "stage_response": after.response,
                 })
         rows.sort(key=lambda r: (r["direction"] != "correct->wrong", r["set"], r["id"]))
@@ -243,7 +245,8 @@ def set_sizes(verdict: Verdict, records: list[StageRecord]) -> list[dict[str, An
 
 
 def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
-             images: dict[str, Path], run: str, whatif: Any) -> dict[str, Any]:
+             images: dict[str, Path], run: str, whatif: Any,
+             prompts: Callable[[str], dict[str, str]] = _prompts) -> dict[str, Any]:
     set_names = sorted({name for r in records if r.quality for name in r.quality.tasks})
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
     by_name = {r.name: r for r in records}
@@ -259,7 +262,8 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
         "verdict": verdict, "set_names": set_names, "policy": policy,
         "headline": [_headline(s, set_names) for s in verdict.stages if s.parent is not None],
         "columns": rules.columns(),
-        "changed": changed, "flips": flipped_items(records), "engine": engine_rows(records),
+        "changed": changed, "flips": flipped_items(records, prompts),
+        "engine": engine_rows(records),
         "kernel_changes": kernel_changes(records),
         "sizes": set_sizes(verdict, records), "images": images, "load": load_rows(records),
         "cores": core_lines(records), "reused": {r.name: reused_from(r, run) for r in records},
@@ -288,6 +292,7 @@ def write_report(
     verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
     whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
+    prompts: Callable[[str], dict[str, str]] | None = None,
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
     table, when it has quality results) and the figures (PNG) into out_dir.
@@ -298,6 +303,8 @@ def write_report(
     load profile for the capacity what-if; without it the what-if predicts the reference
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
     `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
+    `prompts(set)`: the prompt texts by item id the flips show (a re-gate: those the run kept,
+    gates.run_inputs); default: the sets' data as they are now.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
@@ -310,7 +317,8 @@ def write_report(
     }
     images = {name: path for name, path in drawn.items() if path is not None}
     whatif = whatif_section(records, workload, workload_source, whatif_gpus)
-    context = _context(verdict, records, signer, images, run or out_dir.name, whatif)
+    context = _context(verdict, records, signer, images, run or out_dir.name, whatif,
+                       prompts or _prompts)
     context["placement"] = list(placement)
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
