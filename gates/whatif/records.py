@@ -84,8 +84,15 @@ def spec_profile(spec: Path, profile: str) -> tuple[LoadProfile, str]:
 
 
 def run_profile(results_dir: Path) -> tuple[LoadProfile, str]:
-    """The load profile a results folder's run named (the spec is read again from the path the
-    manifest kept); QuantgateError when the spec or profile is gone."""
+    """The load profile a results folder's run ran, as it sized it (kept in the folder,
+    gates.run_inputs: described as the run's own report describes it); for a run from before
+    inputs were kept, the one its spec names, read again from the path the manifest kept
+    (QuantgateError when the spec or profile is gone)."""
+    from gates.run_inputs import RunInputs
+
+    kept = RunInputs.read(results_dir)
+    if kept is not None:
+        return kept.load_profile, f"load profile {kept.load_profile_name}"
     spec_path = RunManifest.read(results_dir).spec_path
     if not spec_path:
         raise QuantgateError(f"{results_dir / 'manifest.json'} keeps no spec path: name the load "

@@ -50,3 +50,17 @@ def test_a_damaged_or_newer_copy_is_refused_in_one_line(tmp_path, damage, expect
     with pytest.raises(QuantgateError, match=expected) as err:
         RunInputs.read(tmp_path)
     assert str(path) in str(err.value) and "\n" not in str(err.value).split(" (")[0]
+
+
+def test_the_what_if_workload_of_a_run_is_the_one_it_kept_even_with_its_spec_gone(tmp_path):
+    from gates.record import RunManifest
+    from gates.whatif.records import run_workload
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("candidate: x\nload_profile: ci\n")
+    RunManifest(candidate="x", stages=["baseline"], spec_path=str(spec)).save(tmp_path / "run")
+    sized = load_profile("ci").model_copy(update={"prompt_tokens": 61})
+    RunInputs(spec={}, load_profile=sized, load_profile_name="ci").save(tmp_path / "run", {})
+    spec.unlink()
+    workload, origin = run_workload(tmp_path / "run")
+    assert workload.prompt_tokens == 61 and origin == "load profile ci"
