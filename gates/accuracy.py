@@ -396,18 +396,31 @@ class PowerPlan:
                 f"(policy {target:.0%}) with items {sets}")
 
 
+# Planning: the k samples of an item share their draws this often (gates.simulate's sample_rho).
+SAMPLE_RHO = 0.5
+
+
+def effective_pairs(items: int, samples: int) -> int:
+    """Independent pairs that `items` items of `samples` samples each are worth, at SAMPLE_RHO:
+    k samples count as k / (1 + (k - 1) rho) items (4 samples: 1.6 items), never as k."""
+    return math.floor(items * samples / (1 + (samples - 1) * SAMPLE_RHO))
+
+
 def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
-               policy: GatePolicy) -> PowerPlan:
+               policy: GatePolicy, samples: dict[str, int] | None = None) -> PowerPlan:
     """Power of the pooled accuracy test at the last look, for a stage as good as the baseline
-    whose items flip at the policy's planning rate; and the items that would reach the target."""
+    whose items flip at the policy's planning rate; and the items that would reach the target.
+    `samples`: per sampled set, its samples per item (evalsets.sampling)."""
     q = policy.quality
     margin = policy.tolerance(precision).accuracy_margin
     level = look_alpha(q.alpha, q.max_looks)
     names = list(sizes)
+    per_item = {name: (samples or {}).get(name, 1) for name in names}
 
     def power_at(first: list[int], draws: int) -> tuple[list[int], float]:
         reach = [policy.reachable(n, pools[name]) for n, name in zip(first, names, strict=True)]
-        return reach, simulated_power(reach, margin, q.planning_discordance, level, seed=q.seed,
+        pairs = [effective_pairs(n, per_item[name]) for n, name in zip(reach, names, strict=True)]
+        return reach, simulated_power(pairs, margin, q.planning_discordance, level, seed=q.seed,
                                       draws=draws)
 
     reach, power = power_at([sizes[n] for n in names], 20_000)

@@ -92,3 +92,13 @@ def test_a_stage_whose_reasoning_doubles_fails_the_trace_length_rule_only():
     assert kept["length.reasoning"].status == "pass"
     plain = {c.rule for c in length_checks(record("s1", base), record("baseline", base), POLICY)}
     assert "length.reasoning" not in plain
+
+
+def test_the_pooled_power_plan_counts_k_samples_as_less_than_k_items():
+    from gates.accuracy import plan_power
+
+    def power(items: int, samples: int = 1) -> float:
+        return plan_power({"math": items}, {"math": 10_000}, "8bit", POLICY,
+                          {"math": samples}).power
+
+    assert power(20) < power(20, 4) < power(80)
