@@ -148,14 +148,17 @@ def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
     from flows.acceptance import engines_to_keep, timed_against
 
     policy, pools = prepared.policy, prepared.pools
-    first = {s.name: s.first_look(pools.get(s.name, 0)) for s in prepared.spec.evalsets}
+    items = {s.name: s.first_look(pools.get(s.name, 0)) for s in prepared.spec.evalsets}
+    # A sampled set asks each item k times: its work is in generations, not items.
+    asks = {s.name: s.sampling.samples if s.sampling else 1 for s in prepared.spec.evalsets}
+    first = {name: n * asks[name] for name, n in items.items()}
     kept = engines_to_keep(prepared)
     works = []
     for index, stage in enumerate(prepared.stages):
         reference = timed_against(stage, prepared)
         grows = index > 0 and stage.kind != "control"
-        last = {name: policy.reachable(n, pools.get(name, n)) if grows else n
-                for name, n in first.items()}
+        last = {name: (policy.reachable(n, pools.get(name, n)) if grows else n) * asks[name]
+                for name, n in items.items()}
         works.append(StageWork(
             stage.name, first, last, timed=reference is not None,
             loaded=not stage.axes.emulated, cached=stage.name in cached,

@@ -74,3 +74,27 @@ def test_predicted_against_actual_says_when_it_was_off():
     assert line.startswith("estimate: the run took 27 min; predicted before 10 min to 15 min "
                            "(off by more than 20 %), after baseline 25 min to 30 min")
     assert predicted_against_actual({}, 10) is None
+
+
+def test_a_sampled_set_is_estimated_in_generations_not_items(tmp_path):
+    from types import SimpleNamespace
+
+    from flows.estimate import stage_works
+    from flows.plan import plan
+    from flows.spec import load_spec
+    from gates.policy import GatePolicy
+    from tests.flows.checkpoints import make_checkpoint
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(f"""
+candidate: c
+baseline: {{checkpoint: {make_checkpoint(tmp_path / 'bf16')}}}
+stages: [{{name: c1, kind: control}}]
+evalsets: [{{name: math, limit: 40, sampling: {{samples: 4}}}}, {{name: code, limit: 20}}]
+""")
+    spec = load_spec(spec_path)
+    prepared = SimpleNamespace(spec=spec, stages=plan(spec), policy=GatePolicy(),
+                               pools={"math": 1040, "code": 160})
+    baseline, control = stage_works(prepared, set())
+    assert baseline.first_items == {"math": 160, "code": 20}
+    assert control.last_items == {"math": 160, "code": 20}  # a control never grows
