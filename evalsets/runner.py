@@ -425,8 +425,14 @@ def _evaluate(lm: Any, config: dict[str, Any], spec: EvalSetSpec, root: str,
               limit: int | None, apply_chat_template: bool) -> dict[str, Any]:
     """One pass of lm-eval over the set; its results, the set's samples among them."""
     import lm_eval
+    import lm_eval.evaluator
     from lm_eval.tasks import TaskManager
 
+    # lm-eval asks `git describe` for the working folder's commit, and outside a repository git
+    # prints "fatal: not a git repository" on our stderr: the records keep quantgate's own code
+    # digest (the stage cache key), so lm-eval's guess is not asked for.
+    asked_git = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
     try:
         results = lm_eval.simple_evaluate(
             model=lm,
@@ -445,6 +451,8 @@ def _evaluate(lm: Any, config: dict[str, Any], spec: EvalSetSpec, root: str,
             f"quality: lm-eval task {spec.name!r} failed against {root}: "
             f"{type(exc).__name__}: {message}"
         ) from exc
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = asked_git
     if not results or config["task"] not in results.get("samples", {}):
         raise MeasurementError(f"quality: lm-eval returned no samples for {spec.name!r}")
     return results

@@ -122,3 +122,11 @@ def test_runs_combine_per_item_and_a_sampled_item_pairs_as_its_samples():
     assert [(p.id, p.score, p.cluster) for p in parts] == [("a#0", 1, "item:a"), ("a#1", 0, "item:a")]
     assert sub_items(b.model_copy(update={"samples": None})) == [b.model_copy(
         update={"samples": None})]
+
+
+def test_a_set_run_outside_a_git_repository_prints_no_git_error(tmp_path, monkeypatch, capfd):
+    spec = EvalSetSpec(name="tickets", path=rows(tmp_path), scorer={"kind": "exact"}, limit=2)
+    monkeypatch.chdir(tmp_path)  # lm-eval would ask git here for a commit
+    with FakeChat(answer="tok") as fake:
+        run_evalset(fake.base_url, fake.model, spec, tmp_path / "out", None, num_concurrent=1)
+    assert "not a git repository" not in capfd.readouterr().err
