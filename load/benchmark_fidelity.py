@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.cores import CorePlan, format_cores, plan_cores, usable_cores
-from infra.vllm_engine import log_tail
+from infra.process import log_tail
 from load.profile import LoadProfile
 from load.runner import measured_part, run_level
 from load.stats import summarize

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,13 +13,15 @@ from pathlib import Path
 
 from infra.cores import CorePlan, format_cores
 from infra.errors import MeasurementError
-from infra.vllm_engine import free_port
+from infra.ports import free_port
+from infra.process import LoggedProcess, log_tail, stop_group
 from load.profile import LoadProfile
 
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
 STARTUP_ALLOWANCE_S = 60
 WORKER_CONNECT_WAIT_S = 60
 POLL_S = 0.5
+TAIL_LINES = 30  # of a Locust log, in an error
 
 
 def locust_env(
@@ -126,34 +128,32 @@ def run_locust(
         timeout_s += WORKER_CONNECT_WAIT_S
     full_env = os.environ | env
     try:
-        with open(log_path, "w", encoding="utf-8") as log:
-            on_cores = (f" (on cores {format_cores(cores.client)})"
-                        if cores is not None and cores.pins_client else "")
-            log.write(f"$ {' '.join(command)}{on_cores}\n")
-            log.flush()
-            master = _spawn(pin(command), log, full_env)
-            for index in range(workers):
-                worker_log = out_dir / f"locust_{tag}_worker{index}.log"
-                with open(worker_log, "w", encoding="utf-8") as wlog:
-                    worker_processes.append(_spawn(pin(worker_command(base_url, port)), wlog,
-                                                   full_env))
-            try:
-                code = _wait(master, timeout_s, stop_when)
-            except subprocess.TimeoutExpired as exc:
-                stop_process(master, grace_s=0)
-                raise MeasurementError(
-                    f"{what} ran past {timeout_s}s; log {log_path}:\n{tail(log_path)}"
-                ) from exc
-            except BaseException:  # interrupted (Ctrl-C, SIGTERM as SystemExit): no orphans
-                stop_process(master, grace_s=0)
-                raise
+        on_cores = (f" (on cores {format_cores(cores.client)})"
+                    if cores is not None and cores.pins_client else "")
+        log_path.write_text(f"$ {' '.join(command)}{on_cores}\n", encoding="utf-8")
+        master = _spawn(pin(command), log_path, full_env)
+        for index in range(workers):
+            worker_log = out_dir / f"locust_{tag}_worker{index}.log"
+            worker_log.write_text("", encoding="utf-8")
+            worker_processes.append(_spawn(pin(worker_command(base_url, port)), worker_log, full_env))
+        try:
+            code = _wait(master, timeout_s, stop_when)
+        except subprocess.TimeoutExpired as exc:
+            stop_process(master, grace_s=0)
+            raise MeasurementError(
+                f"{what} ran past {timeout_s}s; log {log_path}:\n{log_tail(log_path, TAIL_LINES)}"
+            ) from exc
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM as SystemExit): no orphans
+            stop_process(master, grace_s=0)
+            raise
     finally:
         # The master only ends after every worker reported its users stopped (their samples
         # arrived before that report), so whatever workers still do is no longer needed.
         for worker in worker_processes:
             stop_process(worker, grace_s=2)
     if code != 0:
-        raise MeasurementError(f"{what} exited with {code}; log {log_path}:\n{tail(log_path)}")
+        raise MeasurementError(
+            f"{what} exited with {code}; log {log_path}:\n{log_tail(log_path, TAIL_LINES)}")
     return log_path
 
 
@@ -172,11 +172,10 @@ def _wait(master: subprocess.Popen, timeout_s: float, stop_when: Callable[[], bo
     return master.returncode
 
 
-def _spawn(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:
-    # Own process group: a stop reaches gevent's helpers too, and never this process.
-    return subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
+def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """A Locust process writing after what `log` holds. Own process group: a stop reaches
+    gevent's helpers too, and never this process."""
+    return LoggedProcess(command, log, append=True, env=env)
 
 
 def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
@@ -184,21 +183,7 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
     deadline = time.monotonic() + grace_s
     while process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            continue
+    if process.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            stop_group(process, grace_s=10)
 
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
