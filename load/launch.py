@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from infra.cores import CorePlan, format_cores
 from infra.errors import MeasurementError
 from infra.ports import free_port
 from infra.process import LoggedProcess, log_tail, stop_group
+from load.locust_config import LocustConfig
 from load.profile import LoadProfile
 
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
@@ -37,29 +38,20 @@ def locust_env(
     request_body: dict | None = None,
     salt: str = "",
 ) -> dict[str, str]:
-    """The QG_* variables the locustfile reads (see load/locustfile.py); `request_body`: fields
+    """The QG_* variables the locustfile reads (load/locust_config.py); `request_body`: fields
     every request adds (a structured_output stage's response_format); `salt`: prompt streams of
     its own (a paired stage's, see load/paired.py)."""
     if profile.prompts.source != "random" and profile.prompt_ids is None:
         # Never fall back to random prompts silently: the record would name the wrong source.
         raise MeasurementError(f"load profile prompts ({profile.prompts.source}) were not "
                                "tokenized for the served model: bind them first (load.prompts.bind)")
-    return {
-        "QG_PROMPTS_FILE": str(profile.prompt_ids or ""),
-        "QG_MODEL": model,
-        "QG_PROMPT_TOKENS": str(profile.prompt_tokens),
-        "QG_OUTPUT_TOKENS": str(profile.output_tokens),
-        "QG_SEED": str(profile.seed),
-        "QG_LEVEL": tag,
-        "QG_PROMPT_SALT": salt,
-        "QG_TIMEOUT_S": str(profile.request_timeout_s),
-        "QG_SAMPLES_FILE": str(samples_path) if samples_path else "",
-        "QG_MAX_REQUESTS": str(max_requests),
-        "QG_RATE": repr(float(rate)),
-        "QG_ARRIVALS_FOR_S": repr(float(arrivals_s)),
-        "QG_TOTAL_USERS": str(users),
-        "QG_REQUEST_BODY": json.dumps(request_body or {}),
-    }
+    return LocustConfig(
+        model=model, prompt_tokens=profile.prompt_tokens, output_tokens=profile.output_tokens,
+        seed=profile.seed, level=tag, prompt_salt=salt, timeout_s=profile.request_timeout_s,
+        samples_file=str(samples_path) if samples_path else "", max_requests=max_requests,
+        rate=rate, arrivals_for_s=arrivals_s, total_users=users, request_body=request_body or {},
+        prompts_file=str(profile.prompt_ids or ""),
+    ).to_env()
 
 
 def headless_command(
@@ -116,7 +108,7 @@ def run_locust(
     if workers:
         port = free_port()
         # The master ends the run itself, gracefully; -t stays on as a safety net only.
-        env = env | {"QG_MASTER_RUN_S": str(run_s)}
+        env = env | replace(LocustConfig.from_env(env), master_run_s=run_s).to_env()
         safety_s = run_s + stop_timeout_s + 30
         command[command.index("-t") + 1] = f"{safety_s}s"
         timeout_s += stop_timeout_s + 30
