@@ -17,6 +17,7 @@ from typing import Any
 
 from evalsets.sandbox_isolation import SANDBOX_DIR, Isolation
 from evalsets.sandbox_programs import _BOOT
+from infra.process import stop_group
 
 KILL_GRACE_S = 2.0
 ANSWER_GRACE_S = 1.0  # once the tests' process is done: how long the answer's may take to exit
@@ -139,11 +140,8 @@ def _collect(judge: subprocess.Popen, answer: subprocess.Popen, judge_input: byt
 
 def _kill_group(process: subprocess.Popen) -> None:
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(timeout=KILL_GRACE_S)
+        stop_group(process, signal.SIGKILL, KILL_GRACE_S)
+        process.wait(timeout=KILL_GRACE_S)  # a leader that left its group: killpg did not reach it
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

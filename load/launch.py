@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from infra.cores import CorePlan, format_cores
 from infra.errors import MeasurementError
-from infra.vllm_engine import free_port
+from infra.ports import free_port
+from infra.process import LoggedProcess, log_tail, stop_group
+from load.locust_config import LocustConfig
 from load.profile import LoadProfile
 
 LOCUSTFILE = Path(__file__).parent / "locustfile.py"
 STARTUP_ALLOWANCE_S = 60
 WORKER_CONNECT_WAIT_S = 60
 POLL_S = 0.5
+TAIL_LINES = 30  # of a Locust log, in an error
 
 
 def locust_env(
@@ -35,29 +38,20 @@ def locust_env(
     request_body: dict | None = None,
     salt: str = "",
 ) -> dict[str, str]:
-    """The QG_* variables the locustfile reads (see load/locustfile.py); `request_body`: fields
+    """The QG_* variables the locustfile reads (load/locust_config.py); `request_body`: fields
     every request adds (a structured_output stage's response_format); `salt`: prompt streams of
     its own (a paired stage's, see load/paired.py)."""
     if profile.prompts.source != "random" and profile.prompt_ids is None:
         # Never fall back to random prompts silently: the record would name the wrong source.
         raise MeasurementError(f"load profile prompts ({profile.prompts.source}) were not "
                                "tokenized for the served model: bind them first (load.prompts.bind)")
-    return {
-        "QG_PROMPTS_FILE": str(profile.prompt_ids or ""),
-        "QG_MODEL": model,
-        "QG_PROMPT_TOKENS": str(profile.prompt_tokens),
-        "QG_OUTPUT_TOKENS": str(profile.output_tokens),
-        "QG_SEED": str(profile.seed),
-        "QG_LEVEL": tag,
-        "QG_PROMPT_SALT": salt,
-        "QG_TIMEOUT_S": str(profile.request_timeout_s),
-        "QG_SAMPLES_FILE": str(samples_path) if samples_path else "",
-        "QG_MAX_REQUESTS": str(max_requests),
-        "QG_RATE": repr(float(rate)),
-        "QG_ARRIVALS_FOR_S": repr(float(arrivals_s)),
-        "QG_TOTAL_USERS": str(users),
-        "QG_REQUEST_BODY": json.dumps(request_body or {}),
-    }
+    return LocustConfig(
+        model=model, prompt_tokens=profile.prompt_tokens, output_tokens=profile.output_tokens,
+        seed=profile.seed, level=tag, prompt_salt=salt, timeout_s=profile.request_timeout_s,
+        samples_file=str(samples_path) if samples_path else "", max_requests=max_requests,
+        rate=rate, arrivals_for_s=arrivals_s, total_users=users, request_body=request_body or {},
+        prompts_file=str(profile.prompt_ids or ""),
+    ).to_env()
 
 
 def headless_command(
@@ -114,7 +108,7 @@ def run_locust(
     if workers:
         port = free_port()
         # The master ends the run itself, gracefully; -t stays on as a safety net only.
-        env = env | {"QG_MASTER_RUN_S": str(run_s)}
+        env = env | replace(LocustConfig.from_env(env), master_run_s=run_s).to_env()
         safety_s = run_s + stop_timeout_s + 30
         command[command.index("-t") + 1] = f"{safety_s}s"
         timeout_s += stop_timeout_s + 30
@@ -126,34 +120,32 @@ def run_locust(
         timeout_s += WORKER_CONNECT_WAIT_S
     full_env = os.environ | env
     try:
-        with open(log_path, "w", encoding="utf-8") as log:
-            on_cores = (f" (on cores {format_cores(cores.client)})"
-                        if cores is not None and cores.pins_client else "")
-            log.write(f"$ {' '.join(command)}{on_cores}\n")
-            log.flush()
-            master = _spawn(pin(command), log, full_env)
-            for index in range(workers):
-                worker_log = out_dir / f"locust_{tag}_worker{index}.log"
-                with open(worker_log, "w", encoding="utf-8") as wlog:
-                    worker_processes.append(_spawn(pin(worker_command(base_url, port)), wlog,
-                                                   full_env))
-            try:
-                code = _wait(master, timeout_s, stop_when)
-            except subprocess.TimeoutExpired as exc:
-                stop_process(master, grace_s=0)
-                raise MeasurementError(
-                    f"{what} ran past {timeout_s}s; log {log_path}:\n{tail(log_path)}"
-                ) from exc
-            except BaseException:  # interrupted (Ctrl-C, SIGTERM as SystemExit): no orphans
-                stop_process(master, grace_s=0)
-                raise
+        on_cores = (f" (on cores {format_cores(cores.client)})"
+                    if cores is not None and cores.pins_client else "")
+        log_path.write_text(f"$ {' '.join(command)}{on_cores}\n", encoding="utf-8")
+        master = _spawn(pin(command), log_path, full_env)
+        for index in range(workers):
+            worker_log = out_dir / f"locust_{tag}_worker{index}.log"
+            worker_log.write_text("", encoding="utf-8")
+            worker_processes.append(_spawn(pin(worker_command(base_url, port)), worker_log, full_env))
+        try:
+            code = _wait(master, timeout_s, stop_when)
+        except subprocess.TimeoutExpired as exc:
+            stop_process(master, grace_s=0)
+            raise MeasurementError(
+                f"{what} ran past {timeout_s}s; log {log_path}:\n{log_tail(log_path, TAIL_LINES)}"
+            ) from exc
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM as SystemExit): no orphans
+            stop_process(master, grace_s=0)
+            raise
     finally:
         # The master only ends after every worker reported its users stopped (their samples
         # arrived before that report), so whatever workers still do is no longer needed.
         for worker in worker_processes:
             stop_process(worker, grace_s=2)
     if code != 0:
-        raise MeasurementError(f"{what} exited with {code}; log {log_path}:\n{tail(log_path)}")
+        raise MeasurementError(
+            f"{what} exited with {code}; log {log_path}:\n{log_tail(log_path, TAIL_LINES)}")
     return log_path
 
 
@@ -172,11 +164,10 @@ def _wait(master: subprocess.Popen, timeout_s: float, stop_when: Callable[[], bo
     return master.returncode
 
 
-def _spawn(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:
-    # Own process group: a stop reaches gevent's helpers too, and never this process.
-    return subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
+def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """A Locust process writing after what `log` holds. Own process group: a stop reaches
+    gevent's helpers too, and never this process."""
+    return LoggedProcess(command, log, append=True, env=env)
 
 
 def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
@@ -184,21 +175,7 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
     deadline = time.monotonic() + grace_s
     while process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            continue
+    if process.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            stop_group(process, grace_s=10)
 
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

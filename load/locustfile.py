@@ -1,8 +1,9 @@
 """Locust user that streams fixed-size /v1/completions and records raw per-request samples.
 
 Runs in its own Locust process (gevent), so it is self-contained: configuration arrives in
-QG_* environment variables and samples leave as JSON lines in QG_SAMPLES_FILE. In distributed
-mode the workers send each sample to the master as a Locust message and only the master writes.
+QG_* environment variables (load/locust_config.py) and samples leave as JSON lines in
+QG_SAMPLES_FILE. In distributed mode the workers send each sample to the master as a Locust
+message and only the master writes.
 
 Three ways to pace requests:
 - closed loop (default): each user sends its next request when the previous one ends; all
@@ -19,12 +20,15 @@ Three ways to pace requests:
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import random
+import sys
 import threading
 import time
+from pathlib import Path
 
 import gevent
 import gevent.event
@@ -33,34 +37,20 @@ from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
-MODEL = os.environ.get("QG_MODEL", "")
-PROMPT_TOKENS = int(os.environ.get("QG_PROMPT_TOKENS", "128"))
-OUTPUT_TOKENS = int(os.environ.get("QG_OUTPUT_TOKENS", "32"))
-SEED = int(os.environ.get("QG_SEED", "1234"))
-LEVEL = os.environ.get("QG_LEVEL", "")
-# A stage timed against an engine the run kept up gets prompt streams of its own: the kept
-# engine has already answered the unsalted ones, and a repeat would hit its prefix cache.
-SALT = os.environ.get("QG_PROMPT_SALT", "")
-STREAM = f"{SALT}/{LEVEL}" if SALT else LEVEL
-TIMEOUT_S = float(os.environ.get("QG_TIMEOUT_S", "120"))
-MAX_REQUESTS = int(os.environ.get("QG_MAX_REQUESTS", "0"))
-RATE = float(os.environ.get("QG_RATE", "0"))
-# Open loop: no arrival is sent later than this many seconds after the first (0: no limit). A
-# user that would wait past it stops, rather than sleeping through Locust's stop timeout.
-ARRIVALS_FOR_S = float(os.environ.get("QG_ARRIVALS_FOR_S", "0"))
-TOTAL_USERS = int(os.environ.get("QG_TOTAL_USERS", "0"))
-# Distributed mode: the master ends the run itself after this many seconds (see _graceful_end).
-MASTER_RUN_S = float(os.environ.get("QG_MASTER_RUN_S", "0"))
-# Token ids far from the special tokens at the start of the vocabulary and inside any
-# vocabulary the demo models use (SmolLM2 has 49,152), so every id is an ordinary token.
-TOKEN_ID_MIN = int(os.environ.get("QG_TOKEN_ID_MIN", "1000"))
-TOKEN_ID_MAX = int(os.environ.get("QG_TOKEN_ID_MAX", "40000"))
-TOKEN_IDS = range(TOKEN_ID_MIN, TOKEN_ID_MAX + 1)
-SAMPLES_FILE = os.environ.get("QG_SAMPLES_FILE", "")
-# Fields every request adds, e.g. a structured_output stage's response_format (guided decoding).
-REQUEST_BODY = json.loads(os.environ.get("QG_REQUEST_BODY") or "{}")
-# Prompts replayed from a source (load/prompts.py): token ids, one JSON list a line; empty: random.
-PROMPTS_FILE = os.environ.get("QG_PROMPTS_FILE", "")
+# Run by path (locust -f), this file's siblings must come from its own checkout, whichever `load`
+# the interpreter finds first (none, or another checkout installed in the venv).
+_HERE = Path(__file__).resolve().parent
+_FOUND = importlib.util.find_spec("load")
+if _FOUND is None or _FOUND.origin is None or Path(_FOUND.origin).resolve().parent != _HERE:
+    sys.path.insert(0, str(_HERE.parent))
+
+from load.arrivals import Arrivals  # noqa: E402 - once the repository is on the path
+from load.locust_config import LocustConfig  # noqa: E402
+from load.stream_timing import StreamTimes, read_stream  # noqa: E402
+
+CONFIG = LocustConfig.from_env()
+STREAM = f"{CONFIG.prompt_salt}/{CONFIG.level}" if CONFIG.prompt_salt else CONFIG.level
+TOKEN_IDS = range(CONFIG.token_id_min, CONFIG.token_id_max + 1)
 SAMPLE_MESSAGE = "qg_sample"
 # A pause after a failed request, so a dead server is not hammered in a tight loop.
 ERROR_BACKOFF_S = 0.1
@@ -68,9 +58,6 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 # The engine's API key, if it has one: quantgate hands it over in OPENAI_API_KEY (infra/secrets.py).
 if os.environ.get("OPENAI_API_KEY"):
     JSON_HEADERS["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
-# A chunk that carries no token: vLLM's final usage chunk (compact JSON) or one written with
-# spaces. Inside a JSON string these quotes would be escaped, so a token's text cannot match.
-NO_CHOICES, NO_CHOICES_SPACED = b'"choices":[]', b'"choices": []'
 
 _user_numbers = itertools.count()
 _tickets = itertools.count()
@@ -80,37 +67,14 @@ _state: dict = {"environment": None, "arrivals": None, "samples": None,
                 "spawned": gevent.event.Event(), "prompts": []}
 
 
-class Arrivals:
-    """A Poisson schedule: the k-th call returns the k-th arrival time (perf_counter seconds).
-
-    The first arrival is at `start`, as in `vllm bench serve`, so the measured window (which
-    opens the warm-up after the first request) is anchored to the schedule, whatever the rate.
-    """
-
-    def __init__(self, rate: float, seed: str, start: float, for_s: float = 0.0) -> None:
-        self._rng = random.Random(seed)
-        self._rate = rate
-        self._next = start
-        self._last = start + for_s if for_s > 0 else float("inf")
-
-    def take(self) -> float | None:
-        """The next arrival's time; None once the schedule has ended."""
-        # No gevent switch in here: takes are atomic among the users of one process.
-        due = self._next
-        if due > self._last:
-            return None
-        self._next += self._rng.expovariate(self._rate)
-        return due
-
-
 def _write_line(sample: dict) -> None:
-    if not SAMPLES_FILE:
+    if not CONFIG.samples_file:
         return
     line = json.dumps(sample) + "\n"
     with _write_lock:
         # One handle for the run, flushed per line: a killed run keeps every sample written.
         if _state["samples"] is None:
-            _state["samples"] = open(SAMPLES_FILE, "a", encoding="utf-8")  # noqa: SIM115
+            _state["samples"] = open(CONFIG.samples_file, "a", encoding="utf-8")  # noqa: SIM115
         _state["samples"].write(line)
         _state["samples"].flush()
 
@@ -138,20 +102,21 @@ def _worker_name(environment) -> str | None:
 def _setup(environment, **_kwargs) -> None:
     # SystemExit passes through Locust's event hooks (exceptions do not): a bad setup stops
     # the run with a non-zero exit code instead of loading the server with nonsense.
-    if not MODEL:
+    c = CONFIG
+    if not c.model:
         raise SystemExit("quantgate locustfile: QG_MODEL (served model name) is not set")
-    if PROMPT_TOKENS < 1 or OUTPUT_TOKENS < 1 or not 0 <= TOKEN_ID_MIN <= TOKEN_ID_MAX:
+    if c.prompt_tokens < 1 or c.output_tokens < 1 or not 0 <= c.token_id_min <= c.token_id_max:
         raise SystemExit(
-            f"quantgate locustfile: bad sizes: QG_PROMPT_TOKENS={PROMPT_TOKENS}, "
-            f"QG_OUTPUT_TOKENS={OUTPUT_TOKENS}, token ids {TOKEN_ID_MIN}..{TOKEN_ID_MAX}"
+            f"quantgate locustfile: bad sizes: QG_PROMPT_TOKENS={c.prompt_tokens}, "
+            f"QG_OUTPUT_TOKENS={c.output_tokens}, token ids {c.token_id_min}..{c.token_id_max}"
         )
-    if RATE < 0 or MAX_REQUESTS < 0:
-        raise SystemExit(f"quantgate locustfile: bad QG_RATE={RATE} or QG_MAX_REQUESTS={MAX_REQUESTS}")
-    if PROMPTS_FILE:
-        with open(PROMPTS_FILE, encoding="utf-8") as lines:
+    if c.rate < 0 or c.max_requests < 0:
+        raise SystemExit(f"quantgate locustfile: bad QG_RATE={c.rate} or QG_MAX_REQUESTS={c.max_requests}")
+    if c.prompts_file:
+        with open(c.prompts_file, encoding="utf-8") as lines:
             _state["prompts"] = [json.loads(line) for line in lines if line.strip()]
         if not _state["prompts"]:
-            raise SystemExit(f"quantgate locustfile: no prompts in QG_PROMPTS_FILE={PROMPTS_FILE}")
+            raise SystemExit(f"quantgate locustfile: no prompts in QG_PROMPTS_FILE={c.prompts_file}")
     _state["environment"] = environment
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(SAMPLE_MESSAGE, _on_sample_message)
@@ -162,7 +127,7 @@ def _all_users_spawned(user_count: int, **_kwargs) -> None:
     # Closed loop: every user waits for this, so all start together, as the requests of
     # `vllm bench serve --max-concurrency N` do. Users spawned one by one (Locust's -r) would
     # leave the loop staggered for good, a different load from the reference's.
-    if RATE > 0 and _state["arrivals"] is None:
+    if CONFIG.rate > 0 and _state["arrivals"] is None:
         _state["arrivals"] = _arrivals(user_count)
     _state["spawned"].set()
 
@@ -174,11 +139,11 @@ def _arrivals(user_count: int) -> Arrivals | None:
     # Each process offers its users' share of the rate; independent Poisson streams add up to
     # one Poisson stream of the full rate at the server.
     mine = runner.user_count if isinstance(runner, WorkerRunner) else user_count
-    share = mine / TOTAL_USERS if TOTAL_USERS else 1.0
+    share = mine / CONFIG.total_users if CONFIG.total_users else 1.0
     if share <= 0:
         return None
-    seed = f"{SEED}:{LEVEL}:arrivals:{runner.worker_index}"
-    return Arrivals(RATE * share, seed, time.perf_counter(), ARRIVALS_FOR_S)
+    seed = f"{CONFIG.seed}:{CONFIG.level}:arrivals:{runner.worker_index}"
+    return Arrivals(CONFIG.rate * share, seed, time.perf_counter(), CONFIG.arrivals_for_s)
 
 
 @events.test_start.add_listener
@@ -187,32 +152,32 @@ def _graceful_end(environment, **_kwargs) -> None:
     # would finish after the master is gone and their samples would be lost. Stopping first
     # waits until every worker has finished its requests (and sent their samples).
     runner = environment.runner
-    if MASTER_RUN_S > 0 and isinstance(runner, MasterRunner):
+    if CONFIG.master_run_s > 0 and isinstance(runner, MasterRunner):
 
         def end() -> None:
             runner.stop()
             runner.quit()
 
-        gevent.spawn_later(MASTER_RUN_S, end)
+        gevent.spawn_later(CONFIG.master_run_s, end)
 
 
 def _quit_when_budget_spent() -> None:
-    if MAX_REQUESTS and next(_finished) >= MAX_REQUESTS:
+    if CONFIG.max_requests and next(_finished) >= CONFIG.max_requests:
         gevent.spawn(_state["environment"].runner.quit)
 
 
 class CompletionsUser(FastHttpUser):
     """One client: closed loop, or a member of the open-loop pool (see the module docstring)."""
 
-    network_timeout = TIMEOUT_S
-    connection_timeout = TIMEOUT_S
+    network_timeout = CONFIG.timeout_s
+    connection_timeout = CONFIG.timeout_s
 
     def on_start(self) -> None:
         # Each user of each level has its own seeded stream of prompts: every stage gets the same
         # prompts (both sides of a paired round too), and no prompt repeats within a server's
         # life, so the prefix cache never hits.
         runner = self.environment.runner
-        self._rng = random.Random(f"{SEED}:{STREAM}:{runner.worker_index}:{next(_user_numbers)}")
+        self._rng = random.Random(f"{CONFIG.seed}:{STREAM}:{runner.worker_index}:{next(_user_numbers)}")
         self._worker = _worker_name(self.environment)
 
     def _prompt(self) -> list[int]:
@@ -220,7 +185,7 @@ class CompletionsUser(FastHttpUser):
         # every user's work delays the other users' reads).
         pool = _state["prompts"]
         if not pool:
-            return self._rng.choices(TOKEN_IDS, k=PROMPT_TOKENS)
+            return self._rng.choices(TOKEN_IDS, k=CONFIG.prompt_tokens)
         # A replayed prompt, drawn with replacement (its set's length distribution). One random
         # token after the first makes a repeat miss the prefix cache, as random prompts do.
         ids = pool[self._rng.randrange(len(pool))]
@@ -230,7 +195,7 @@ class CompletionsUser(FastHttpUser):
         """Wait until every user is spawned; then, open loop only, sleep until this user's next
         scheduled arrival and return its wall-clock time."""
         _state["spawned"].wait()
-        if RATE <= 0:
+        if CONFIG.rate <= 0:
             return None
         due = _state["arrivals"].take()
         if due is None:
@@ -242,7 +207,7 @@ class CompletionsUser(FastHttpUser):
 
     @task
     def stream_completion(self) -> None:
-        if MAX_REQUESTS and next(_tickets) >= MAX_REQUESTS:
+        if CONFIG.max_requests and next(_tickets) >= CONFIG.max_requests:
             raise StopUser()
         scheduled_s = self._wait_for_arrival()
         sample = self._one_request()
@@ -250,7 +215,7 @@ class CompletionsUser(FastHttpUser):
         sample["worker"] = self._worker
         _record(sample)
         _quit_when_budget_spent()
-        if sample["error"] and RATE <= 0:
+        if sample["error"] and CONFIG.rate <= 0:
             gevent.sleep(ERROR_BACKOFF_S)
 
     def _one_request(self) -> dict:
@@ -258,14 +223,14 @@ class CompletionsUser(FastHttpUser):
         # server's (vLLM's client encodes inside its clock; this only narrows the gap).
         prompt = self._prompt()
         body = json.dumps({
-            "model": MODEL,
+            "model": CONFIG.model,
             "prompt": prompt,
-            "max_tokens": OUTPUT_TOKENS,
+            "max_tokens": CONFIG.output_tokens,
             "ignore_eos": True,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
-            **REQUEST_BODY,
+            **CONFIG.request_body,
         }).encode()
         start_s = time.time()
         start = time.perf_counter()
@@ -275,7 +240,8 @@ class CompletionsUser(FastHttpUser):
             name="/v1/completions",
         ) as resp:
             try:
-                with gevent.Timeout(TIMEOUT_S, TimeoutError(f"no complete answer in {TIMEOUT_S}s")):
+                timeout_s = CONFIG.timeout_s
+                with gevent.Timeout(timeout_s, TimeoutError(f"no complete answer in {timeout_s}s")):
                     if getattr(resp, "error", None) is not None and not resp.status_code:
                         stream.error = f"{type(resp.error).__name__}: {resp.error}"
                     elif resp.status_code != 200:
@@ -310,111 +276,6 @@ class CompletionsUser(FastHttpUser):
                 context={},
             )
         return sample
-
-
-
-class StreamTimes:
-    """Timestamps of one SSE stream, taken as each line leaves the socket buffer.
-
-    Definitions as in `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py): the
-    clock starts before the request is sent; a token is a chunk with non-empty `choices`;
-    TTFT ends at the first one, inter-token gaps run between consecutive ones; the token count
-    is the final usage chunk's completion_tokens (chunks counted when the server sends none).
-    The end is the [DONE] line, which vLLM sends right after the last token and the usage.
-    """
-
-    __slots__ = ("start", "first", "last", "end", "gaps_ms", "chunks", "usage_tokens", "error",
-                 "done")
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.first: float | None = None
-        self.last = start
-        self.end: float | None = None
-        self.gaps_ms: list[float] = []
-        self.chunks = 0
-        self.usage_tokens: int | None = None
-        self.error: str | None = None
-        self.done = False
-
-    def token(self, now: float) -> None:
-        if self.first is None:
-            self.first = now
-        else:
-            self.gaps_ms.append((now - self.last) * 1000)
-        self.last = now
-        self.chunks += 1
-
-    def sample(self, start_s: float) -> dict:
-        ttft_ms = None if self.first is None else (self.first - self.start) * 1000
-        e2e_ms = (self.end - self.start) * 1000
-        return {
-            "start_s": start_s,
-            "end_s": start_s + e2e_ms / 1000,
-            "ttft_ms": ttft_ms,
-            "e2e_ms": None if self.error else e2e_ms,
-            "output_tokens": self.usage_tokens if self.usage_tokens is not None else self.chunks,
-            "itl_ms": self.gaps_ms,
-            "error": self.error,
-        }
-
-
-def read_stream(raw, times: StreamTimes) -> None:
-    """Read an SSE body into `times` as it arrives: each receive's complete lines at once, all
-    stamped with the time that receive returned.
-
-    A sized read would wait for bytes and smear TTFT; a line at a time (the HTTP library's
-    readline copies and trims its buffer per line) stamped the later lines of one receive with
-    the client's own parsing time, and kept the other users waiting. Token chunks are only
-    recognised, never parsed: JSON is decoded for the few lines that are not tokens.
-    """
-    clock = time.perf_counter
-    body = raw._body_buffer  # what geventhttpclient's parser has de-chunked so far
-    now = clock()  # the headers' receive may have brought the first lines along
-    partial = b""
-    while True:
-        if body:
-            data = partial + bytes(body)
-            del body[:]
-            *lines, partial = data.split(b"\n")
-            for line in lines:  # events and the blank lines between them
-                if line[:5] == b"data:" and _data_line(line, now, times):
-                    return
-        if raw.message_complete or raw._sock is None:
-            break
-        received = raw._sock.recv(raw.block_size)
-        now = clock()
-        if not received:  # the server closed the connection
-            break
-        raw.feed(received)
-    if times.first is None:
-        times.error = "stream ended without a token"
-    elif not times.done:
-        # An engine that dies mid-answer: a cut stream is a failure, not a short answer.
-        times.error = f"stream cut after {times.chunks} tokens (no [DONE])"
-
-
-def _data_line(line: bytes, now: float, times: StreamTimes) -> bool:
-    """One SSE data line into `times`; True when the stream is over ([DONE] or an error event)."""
-    data = line[5:].strip()
-    if (data[:1] == b"{" and b'"choices":' in data and NO_CHOICES not in data
-            and NO_CHOICES_SPACED not in data):
-        times.token(now)
-        return False
-    if data == b"[DONE]":
-        times.end = now
-        times.done = True
-        return True
-    event = json.loads(data)
-    if event.get("usage"):
-        times.usage_tokens = event["usage"].get("completion_tokens")
-    if event.get("choices"):  # a token chunk written some other way
-        times.token(now)
-    elif "error" in event or event.get("object") == "error":
-        times.error = f"stream error: {event.get('error', event)}"
-        times.end = now
-        return True
-    return False
 
 
 def _body_head(resp) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from infra.cores import CorePlan
 from infra.errors import MeasurementError
+from infra.process import log_tail
 from infra.progress import progress
 from load.capacity import (
     MAX_DISPATCH_LAG_MS,
@@ -18,7 +19,7 @@ from load.capacity import (
     capacity_step,
     search_capacity,
 )
-from load.launch import LOCUSTFILE, locust_env, run_locust, tail
+from load.launch import LOCUSTFILE, TAIL_LINES, locust_env, run_locust
 from load.profile import LoadProfile
 from load.results import CapacityStep, LoadResult, LoadSample, LoadSummary
 from load.stats import (
@@ -148,7 +149,8 @@ def run_level(
     samples = [s.model_copy(update={"repeat": repeat}) for s in read_samples(samples_path)]
     if not samples:
         raise MeasurementError(
-            f"locust ({tag}, {users} users) recorded no requests; log {log_path}:\n{tail(log_path)}"
+            f"locust ({tag}, {users} users) recorded no requests; log {log_path}:\n"
+            f"{log_tail(log_path, TAIL_LINES)}"
         )
     progress.line(f"{label}: {len(samples)} requests in {time.monotonic() - started:.0f} s, "
                   f"{latency_note(samples)}")

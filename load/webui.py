@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from infra.errors import MeasurementError
-from infra.vllm_engine import free_port
-from load.launch import LOCUSTFILE, locust_env, stop_process, tail
+from infra.ports import free_port
+from infra.process import LoggedProcess
+from load.launch import LOCUSTFILE, TAIL_LINES, locust_env, stop_process
 from load.profile import load_profile
 
 STARTUP_TIMEOUT_S = 60
@@ -45,7 +45,7 @@ class WebUI:
         self.url = f"http://127.0.0.1:{self.port}"
         self.samples_path = out_dir / f"samples_webui_{level}.jsonl"
         self.log_path = out_dir / "locust_webui.log"
-        self.process: subprocess.Popen | None = None
+        self.process: LoggedProcess | None = None
 
     def command(self) -> list[str]:
         # -u/-r only pre-fill the form: nothing runs until someone presses Start.
@@ -62,26 +62,23 @@ class WebUI:
         env = os.environ | locust_env(
             self.model, self.profile, f"webui-{self.level}", self.samples_path, self.users
         )
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise MeasurementError(
-                    f"locust web UI exited with {self.process.returncode}; log {self.log_path}:\n"
-                    f"{tail(self.log_path)}"
-                )
-            try:
-                with urllib.request.urlopen(self.url, timeout=2) as answer:
-                    if answer.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.3)
-        self.stop()
-        raise MeasurementError(f"locust web UI not up at {self.url} after {STARTUP_TIMEOUT_S}s")
+        self.process = LoggedProcess(self.command(), self.log_path, env=env, tail_lines=TAIL_LINES)
+        try:
+            self.process.wait_ready(
+                self._serving, STARTUP_TIMEOUT_S, MeasurementError, poll_s=0.3,
+                died="locust web UI exited with {code}; log {log}:\n{tail}",
+                not_ready=f"locust web UI not up at {self.url} after {{timeout}}s")
+        except MeasurementError:
+            self.stop()
+            raise
+        return self
+
+    def _serving(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
 
     def stop(self) -> None:
         process, self.process = self.process, None

@@ -55,7 +55,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def pytest_unconfigure(config) -> None:
     """After SIGTERM, every process the session had started is stopped: those the fixtures'
     teardown left (a child a test killed leaves its own children to init), SIGTERM then SIGKILL."""
-    from flows.interrupt import stop_processes
+    from infra.process import stop_processes
 
     stop_processes([process for process in _TERMINATED if process is not None], STOP_GRACE_S)
 

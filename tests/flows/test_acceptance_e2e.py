@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from infra.cpu_support import cpu_flags
+from infra.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
@@ -26,12 +27,6 @@ QUANTGATE = [sys.executable, "-m", "flows.cli"]
 FAST_DTYPE = {} if "avx512f" in cpu_flags() else {"dtype": "float32"}
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_spec(folder: Path, stages: list[dict], port: int, **engine) -> Path:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from flows import service
 from flows.cli import app
-from infra.vllm_engine import free_port
+from infra.ports import free_port
 from tests.fake_openai import FakeOpenAI
 
 ADDRESS_ENV = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")
