@@ -84,11 +84,11 @@ def test_report_shows_the_curve_table(tmp_path):
 def test_a_kv_stage_is_judged_per_bucket_of_the_family_and_the_curve_shows_the_drop():
     import json
 
-    from evalsets.context_ruler.generate import FOLDER
     from evalsets.results import QualityItem, QualityResult, TaskQuality
     from gates.accuracy import quality_checks
     from gates.policy import GatePolicy
     from gates.record import StageRecord
+    from tools.generators.context_ruler import FOLDER
 
     rows = [json.loads(line) for line in (FOLDER / "data.jsonl").read_text().splitlines()]
 

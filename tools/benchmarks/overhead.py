@@ -1,7 +1,7 @@
 """Overhead benchmark: the latency quantgate's Locust adds on its own, against a server that answers at once.
 
-    python -m load.benchmark_overhead [--concurrency 1,4] [--requests 300] [--rounds 2]
-    python -m load.benchmark_overhead --first-token-ms 5 --token-ms 1   # paced like an engine
+    python -m tools.benchmarks.overhead [--concurrency 1,4] [--requests 300] [--rounds 2]
+    python -m tools.benchmarks.overhead --first-token-ms 5 --token-ms 1   # paced like an engine
 
 A zero-delay OpenAI-compatible server (its own process, asyncio, pre-encoded chunks, TCP_NODELAY)
 answers every /v1/completions stream as soon as it has read the request, and notes on its own
@@ -146,7 +146,7 @@ class ZeroDelayServer:
 
     def __enter__(self) -> ZeroDelayServer:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "load.benchmark_overhead", "--serve", *self.delays],
+            [sys.executable, "-m", "tools.benchmarks.overhead", "--serve", *self.delays],
             stdout=subprocess.PIPE, text=True,
         )
         line = self._process.stdout.readline()  # the one line it prints; nothing after

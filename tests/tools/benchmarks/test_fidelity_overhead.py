@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from infra.cores import CorePlan
-from load import benchmark_fidelity, benchmark_overhead
 from load.profile import LoadProfile
+from tools.benchmarks import fidelity as benchmark_fidelity
+from tools.benchmarks import overhead as benchmark_overhead
 
 
 def test_added_latency_pairs_requests_in_start_order_and_drops_the_warmup():

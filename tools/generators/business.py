@@ -4,7 +4,7 @@ from invoices and emails, and JSON output that must parse and match a schema.
 Every row carries its own scorer ('exact', 'contains' or 'json') and reference, so one grader
 serves all of them and a user's own JSONL needs no code. Items cycle through the twelve templates
 (classify, extract and json interleaved), so any first N items (an eval-set `limit`) hold the
-three groups in the pool's proportions; no prompt appears twice. `python -m evalsets.business.generate`
+three groups in the pool's proportions; no prompt appears twice. `python -m tools.generators.business`
 rewrites `evalsets/business/data.jsonl`; the same seed always gives the same file, byte for byte.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from evalsets.jsonl import write_jsonl
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("business") / "data.jsonl"
 DEFAULT_SEED = 20240611
 DEFAULT_COUNT = 300  # 25 rounds of the 12 templates
 MAX_REDRAWS = 1000

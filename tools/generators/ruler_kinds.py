@@ -22,8 +22,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evalsets.context_ruler.words import NOUNS
-from evalsets.long_context.generate import filler_sentence
+from tools.generators.long_context import filler_sentence
+from tools.generators.ruler_words import NOUNS
 
 KINDS = ("niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "common_words")
 

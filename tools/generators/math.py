@@ -5,7 +5,7 @@ gates need items that can flip); the other ten are one- and two-step problems in
 Items cycle through the thirteen templates, so any first N items (an eval-set `limit`) mix
 warm-ups and harder problems in the same proportion as the whole pool. No question appears twice.
 
-`python -m evalsets.math.generate` rewrites `evalsets/math/data.jsonl`; the same seed always
+`python -m tools.generators.math` rewrites `evalsets/math/data.jsonl`; the same seed always
 gives the same file, byte for byte.
 """
 
@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evalsets.jsonl import write_jsonl
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("math") / "data.jsonl"
 DEFAULT_SEED = 20240601
 DEFAULT_COUNT = 1040  # 80 rounds of the 13 templates
 MAX_REDRAWS = 1000

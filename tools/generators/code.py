@@ -4,7 +4,7 @@ Each task is a one-sentence request, a canonical solution and a handful of input
 outputs are computed by running the canonical solution here, so a test can never disagree with
 it. The original sixty come first, in their order; the others follow with their four kinds
 (numbers, text, lists, mappings) taken in turn, so a longer `limit` adds a mix, not one kind.
-`python -m evalsets.code.generate` rewrites `evalsets/code/data.jsonl` identically.
+`python -m tools.generators.code` rewrites `evalsets/code/data.jsonl` identically.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from evalsets.jsonl import write_jsonl
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("code") / "data.jsonl"
 
 
 @dataclass(frozen=True)

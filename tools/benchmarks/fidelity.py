@@ -1,6 +1,6 @@
 """Fidelity benchmark: quantgate's Locust numbers against `vllm bench serve`, same server, same work.
 
-    flock /tmp/qg/engine.lock python -m load.benchmark_fidelity --model-dir models/smollm2-135m-bf16
+    flock /tmp/qg/engine.lock python -m tools.benchmarks.fidelity --model-dir models/smollm2-135m-bf16
 
 Starts a vLLM server (or uses --base-url), then per concurrency runs both clients with the same
 random-token workload (prompt and output lengths, ignore_eos, closed loop at the same
@@ -68,7 +68,7 @@ def vllm_side(
 ) -> dict:
     name = f"vllm_bench_c{users}.json"
     command = [
-        sys.executable, "-m", "load.vllm_bench", "bench", "serve",
+        sys.executable, "-m", "tools.benchmarks.vllm_bench", "bench", "serve",
         "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base_url,
         "--model", model, "--tokenizer", tokenizer,
         "--dataset-name", "random", "--random-input-len", str(profile.prompt_tokens),

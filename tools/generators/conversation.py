@@ -5,7 +5,7 @@ Each dialogue has two to four earlier exchanges (a user turn and a scripted assi
 that state the facts, with distractors (a ticket number, a second product), then a final user
 question that does not itself contain the answer. Items cycle through the templates, so any
 first N items (an eval-set `limit`) mix recall and combining in the pool's proportions.
-`python -m evalsets.conversation.generate` rewrites `evalsets/conversation/data.jsonl`; the same
+`python -m tools.generators.conversation` rewrites `evalsets/conversation/data.jsonl`; the same
 seed always gives the same file, byte for byte.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from evalsets.jsonl import write_jsonl
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("conversation") / "data.jsonl"
 DEFAULT_SEED = 20240701
 DEFAULT_COUNT = 200  # 20 rounds of the 10 templates
 MAX_REDRAWS = 1000

@@ -1,6 +1,6 @@
 """Coverage benchmark of the divergence intervals: false passes at the limit on simulated tokens.
 
-    python -m gates.benchmark_divergence [--trials 400] [--sizes 2000,6000,26000] [--seed 0]
+    python -m tools.benchmarks.divergence [--trials 400] [--sizes 2000,6000,26000] [--seed 0]
 
 Per trial, a scoring corpus of the given size (texts of ~90 tokens, 8 to 1,280) gets per-token
 values whose true mean sits exactly at a limit, and each method's 95 % interval is computed. The

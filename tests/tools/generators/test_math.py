@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from evalsets.math import generate
+from tools.generators import math as generate
 
 
 def _numbers(question: str) -> list[int]:
@@ -36,7 +36,7 @@ def test_same_seed_same_problems_and_committed_file_matches():
     problems = generate.generate()
     assert problems == generate.generate()
     on_disk = [json.loads(line) for line in generate.DATA_PATH.read_text().splitlines()]
-    assert on_disk == problems, "data.jsonl is stale: run python -m evalsets.math.generate"
+    assert on_disk == problems, "data.jsonl is stale: run python -m tools.generators.math"
 
 
 def test_other_seed_other_problems():

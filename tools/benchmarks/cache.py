@@ -1,6 +1,6 @@
 """What the stage cache buys: two candidates against one baseline, wall time and engines started.
 
-    python -m flows.benchmark_cache [--models models] [--out /tmp/qg-cache-bench]
+    python -m tools.benchmarks.cache [--models models] [--out /tmp/qg-cache-bench]
 
 Runs `quantgate run` twice on a fresh stage cache: candidate 1 (baseline -> W4A16 g64 RTN,
 dequantized) serves the baseline and its stage; candidate 2 (baseline -> W8A16, dequantized)
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def spec(folder: Path, models: Path, name: str, checkpoint: str) -> Path:

@@ -1,6 +1,6 @@
 """Decision-quality benchmark: the project's own decide() over records shaped like the real sets.
 
-    python -m gates.benchmark [--trials 200] [--near-target-trials 1000] [--seed 0] [--only TEXT]
+    python -m tools.benchmarks.decisions [--trials 200] [--near-target-trials 1000] [--seed 0] [--only TEXT]
 
 Each trial draws a baseline and a stage (or a chain) with `gates.simulate`: the demo's four sets
 (math 60, business 40, code 20, long context 40 items at the first look, with their pools, the

@@ -6,16 +6,15 @@ two instructions) applied to four writing tasks: 40 items. Each row carries IFEv
 `instruction_id_list` and one `kwargs` object per instruction, so the file is also a user set
 for the `instructions` scorer as it is.
 
-`python -m evalsets.instruction_following.generate` rewrites data.jsonl, byte for byte the same.
+`python -m tools.generators.instruction_following` rewrites data.jsonl, byte for byte the same.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from evalsets.jsonl import write_jsonl
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("instruction_following") / "data.jsonl"
 END_PHRASE = "Is there anything else I can help with?"
 
 # (task, two keywords that fit it)

@@ -6,7 +6,7 @@ The filler is grown sentence by sentence until the prompt, counted with the demo
 tokenizer, falls inside its bucket's bounds; the measured count is stored in `prompt_tokens` so
 the data contract can check that every bucket holds what it claims.
 
-`python -m evalsets.long_context.generate` rewrites `evalsets/long_context/data.jsonl`; the same
+`python -m tools.generators.long_context` rewrites `evalsets/long_context/data.jsonl`; the same
 seed and tokenizer always give the same file, byte for byte.
 """
 
@@ -19,8 +19,9 @@ from pathlib import Path
 
 from evalsets.jsonl import write_jsonl
 from evalsets.long_context.buckets import Bucket, load_buckets
+from tools.generators import set_folder
 
-DATA_PATH = Path(__file__).with_name("data.jsonl")
+DATA_PATH = set_folder("long_context") / "data.jsonl"
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-bf16"
 DEFAULT_SEED = 20240611
 DEFAULT_PER_BUCKET = 30

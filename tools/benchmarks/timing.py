@@ -1,6 +1,6 @@
 """Where the time of acceptance runs went, and the pipeline's own overhead.
 
-    python -m flows.benchmark_timing RUN_DIR [RUN_DIR ...]
+    python -m tools.benchmarks.timing RUN_DIR [RUN_DIR ...]
 
 Per stage measured in the given runs (stages restored from the stage cache are listed but cost
 no engine time): engine start-up, each eval set (items, generated tokens, seconds), corpus

@@ -1,6 +1,6 @@
 """Calibrate the divergence limits: serve known configurations, score the corpus, print the table.
 
-    python -m flows.calibrate --models-dir models --port 8300 --out runs/calibration
+    python -m tools.calibrate --models-dir models --port 8300 --out runs/calibration
 
 The baseline (bf16) runs the demo's eval sets once and builds the scoring corpus from its own
 answers (evalsets.token_corpus), exactly as the acceptance flow does; then every configuration

@@ -8,7 +8,7 @@ tokens per second, is the harness efficiency; the goal is >= 80 %. For reference
 measures the engine's plain decode saturation (short prompt, `ignore_eos`, fixed length).
 Every run starts with an empty prefix cache when the server allows it (VLLM_SERVER_DEV_MODE=1).
 
-    python -m evalsets.benchmark --base-url http://127.0.0.1:8107 --sets math long_context
+    python -m tools.benchmarks.harness --base-url http://127.0.0.1:8107 --sets math long_context
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ tokenizer, lies inside its bucket, and the count is stored in `prompt_tokens` fo
 contract to check. Every item is seeded by (seed, bucket, index) alone, so a longer context or
 more items per bucket keep the earlier items as they are.
 
-`python -m evalsets.context_ruler.generate` rewrites the built-in set (the demo model, 8k);
+`python -m tools.generators.context_ruler` rewrites the built-in set (the demo model, 8k);
 `--max-model-len 131072 --tokenizer MODEL_DIR --out DIR` writes a complete set folder (task.yaml,
 contract.yaml, grading.py, data.jsonl) for a spec entry `{name: ..., path: DIR}`.
 """
@@ -22,13 +22,14 @@ from pathlib import Path
 import yaml
 
 from evalsets.context_ruler.buckets import ANSWER_TOKENS, buckets_for
-from evalsets.context_ruler.kinds import KINDS, MAKERS, Plan
 from evalsets.contracts import TEMPLATE_MARGIN_TOKENS
 from evalsets.jsonl import write_jsonl
 from evalsets.long_context.buckets import Bucket
-from evalsets.long_context.generate import TOKENIZER_DIR
+from tools.generators import set_folder
+from tools.generators.long_context import TOKENIZER_DIR
+from tools.generators.ruler_kinds import KINDS, MAKERS, Plan
 
-FOLDER = Path(__file__).resolve().parent
+FOLDER = set_folder("context_ruler")
 DEFAULT_SEED = 20260601
 DEFAULT_PER_BUCKET = 20  # 4 of each kind: the gates' min_items per bucket
 DEMO_MAX_MODEL_LEN = 8192  # SmolLM2-135M's max_position_embeddings
@@ -118,8 +119,8 @@ def contract_text(buckets: list[Bucket], tokenizer_dir: Path, max_model_len: int
         "lengths": {"field": "prompt_tokens",
                     "bounds": {b.name: [b.min_tokens, b.max_tokens] for b in buckets}},
     }
-    return (f"# Data contract of the long-context family, written by evalsets.context_ruler."
-            f"generate\n# for max_model_len {max_model_len}, prompt tokens counted with "
+    return (f"# Data contract of the long-context family, written by tools.generators."
+            f"context_ruler\n# for max_model_len {max_model_len}, prompt tokens counted with "
             f"{tokenizer_dir.name}'s tokenizer\n# (chat template excluded; {ANSWER_TOKENS} "
             f"answer tokens and {max(template_tokens, TEMPLATE_MARGIN_TOKENS)} for the template "
             "left free).\n"

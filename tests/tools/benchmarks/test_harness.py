@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from evalsets.benchmark import Throughput, decode_payloads, logged_payloads
+from tools.benchmarks.harness import Throughput, decode_payloads, logged_payloads
 
 
 @pytest.mark.parametrize("shape", ["lm-eval file", "runner file"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from gates import simulate
-from gates.benchmark import Scenario, main, p_go, scenarios, trial, wilson
 from gates.policy import GatePolicy
 from gates.simulate import DEMO_SETS, SetShape, Step
+from tools.benchmarks.decisions import Scenario, main, p_go, scenarios, trial, wilson
 
 POLICY = GatePolicy()
 
