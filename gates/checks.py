@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gates.accuracy import at_sizes, quality_checks
-from gates.comparability import comparability_check
+from gates.comparability_check import comparability_check
 from gates.divergence import divergence_checks, perplexity_checks
 from gates.latency import load_checks
 from gates.length import length_checks
