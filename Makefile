@@ -72,10 +72,12 @@ formats: models
 system-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# Unit tests in 2 processes (most wait on fake servers and subprocesses); the end-to-end tests one
-# at a time, since each serves real engines on the same cores and they share one stage cache.
+# ruff, then the import contracts of .importlinter (DESIGN.md's directions, no import cycles); unit
+# tests in 2 processes (most wait on fake servers and subprocesses); the end-to-end tests one at a
+# time, since each serves real engines on the same cores and they share one stage cache.
 test: system-deps models
-	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tests
+	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tools tests
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2
 	$(VENV)/bin/python -m pytest -q -m e2e
 

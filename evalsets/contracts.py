@@ -23,9 +23,10 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from evalsets import lmeval_task, userset
+from evalsets.multiturn import is_multiturn
 from evalsets.spec import EVALSETS_DIR, EvalSetInfo, EvalSetSpec
 from evalsets.task_code import FunctionRef, check_reference, check_task_functions, check_task_patterns
-from evalsets.userset import LINE, read_rows
+from evalsets.userset import LINE, prompt_field, read_rows
 from infra.errors import SpecError, did_you_mean
 from infra.yamlfile import StrictLoader, load_model
 
@@ -150,6 +151,12 @@ def _template_fields(template: object) -> list[str]:
     return list(dict.fromkeys(_TEMPLATE_VAR.findall(template))) if isinstance(template, str) else []
 
 
+def _user_contract(info: EvalSetInfo) -> Contract:
+    """The data contract a user data file implies: id, prompt and the scorer's fields."""
+    return Contract(id=info.id_field, prompt=[prompt_field(info)], reference=info.scorer.fields,
+                    group=info.group_field, cluster=info.cluster_field)
+
+
 def load_contract(info: EvalSetInfo) -> Contract:
     """The set's `contract.yaml`, or the contract implied by its `task.yaml` (or by a user data
     file's declared fields); an lm-eval task's items are its docs, by lm-eval's identity."""
@@ -157,7 +164,7 @@ def load_contract(info: EvalSetInfo) -> Contract:
         return Contract(id="doc_id", prompt=_template_fields(
             read_task_yaml(info).get("doc_to_text")) or ["doc"])
     if info.data_file is not None:
-        return userset.contract(info)
+        return _user_contract(info)
     path = info.folder / CONTRACT_FILE
     if path.is_file():
         return load_model(path, Contract)
@@ -477,3 +484,16 @@ def fit_to_context(sets: list[EvalSetSpec], max_model_len: int | None) -> list[E
         fitted.append(spec if keep == wanted and spec.groups is None
                       else spec.model_copy(update={"groups": keep}))
     return fitted
+
+
+def check_chat_template(sets: list[Any], chat_template: bool) -> None:
+    """Refuse multi-turn sets without the chat template: a completions prompt has no turns, and
+    flattening them would measure something else than the set claims."""
+    if chat_template:
+        return
+    for spec in sets:
+        if is_multiturn(read_task_yaml(spec.info)):
+            raise SpecError(
+                f"evalsets: {spec.name!r} is multi-turn (metadata.multiturn in "
+                f"{spec.info.task_yaml}) and needs the chat template applied per turn, but the "
+                "spec sets chat_template: false; set chat_template: true or drop the set")

@@ -15,7 +15,7 @@ the prose corpus and SmolLM2-135M the top-20 holds ~76 % of the mass on average 
 unlisted mass 0.19), so the figure is a coarsened KL: consistent across stages and fine for
 ranking and gating them, but below the full-vocabulary KL (W4A16 g64 RTN: 0.28 here, ~0.54 full
 vocabulary in FACTS.md). The limits in gates/policy.yaml are calibrated on this estimator over
-the scoring corpus (evalsets.token_corpus; `python -m flows.calibrate` prints the table).
+the scoring corpus (evalsets.token_corpus; `python -m tools.calibrate` prints the table).
 
 This module computes per-position values only (KL, top-1 agreement, NLL differences), stored
 with the stage (`PairedTokens`); the gates compute every interval from them (gates.stats

@@ -73,10 +73,10 @@ REGEX_ARGUMENTS = {
 def regex_argument_problem(instruction_id: str, given: dict[str, Any]) -> str | None:
     """Why an argument the checker reads as a regular expression cannot judge answers: 'C++'
     fails to compile while scoring, '[[x]' makes Python print a FutureWarning, '(a+)+' can take
-    exponential time (evalsets.scorers.regex_problem); None when every one is fine."""
+    exponential time (evalsets.patterns.regex_problem); None when every one is fine."""
     import re
 
-    from evalsets.scorers import regex_problem
+    from evalsets.patterns import regex_problem
 
     for name, template in REGEX_ARGUMENTS.items():
         values = given.get(name)

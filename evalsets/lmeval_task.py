@@ -212,10 +212,8 @@ def _source(spec: Any, task: Any) -> str:
 
 
 @functools.cache
-def _check(spec_json: str) -> TaskData:
-    from evalsets.spec import EvalSetSpec
-
-    spec = EvalSetSpec.model_validate_json(spec_json)
+def _check(spec_type: Any, spec_json: str) -> TaskData:
+    spec = spec_type.model_validate_json(spec_json)  # an EvalSetSpec: the cache keys on its JSON
     config = task_config(spec)
     kind = config.get("output_type", "generate_until")
     chosen = chosen_filter(spec, config)
@@ -242,7 +240,7 @@ def _check(spec_json: str) -> TaskData:
 def check_data(spec: Any) -> TaskData:
     """Build the task offline, as the run will: its docs (the set's pool) and where they came
     from; SpecError naming the task and where to put its data when they are not here."""
-    return _check(spec.model_dump_json())
+    return _check(type(spec), spec.model_dump_json())
 
 
 def endpoint_problem(sets: list[Any], chat_template: bool) -> str | None:

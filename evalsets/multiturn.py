@@ -67,18 +67,3 @@ def expand_messages(messages: list[dict]) -> list[dict]:
 def is_multiturn(config: dict[str, Any]) -> bool:
     """Whether a set's task config (task.yaml) declares multi-turn items (`metadata.multiturn`)."""
     return bool((config.get("metadata") or {}).get("multiturn"))
-
-
-def check_chat_template(sets: list[Any], chat_template: bool) -> None:
-    """Refuse multi-turn sets without the chat template: a completions prompt has no turns, and
-    flattening them would measure something else than the set claims."""
-    if chat_template:
-        return
-    from evalsets.contracts import read_task_yaml
-
-    for spec in sets:
-        if is_multiturn(read_task_yaml(spec.info)):
-            raise SpecError(
-                f"evalsets: {spec.name!r} is multi-turn (metadata.multiturn in "
-                f"{spec.info.task_yaml}) and needs the chat template applied per turn, but the "
-                "spec sets chat_template: false; set chat_template: true or drop the set")

@@ -11,6 +11,10 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
+# Each set's lm-eval samples log in its quality folder: evalsets.runner writes it, the scoring
+# corpus (evalsets.token_corpus) reads the baseline's answers from it.
+SAMPLES_FILE = "lm_eval_samples.jsonl"
+
 
 class QualityItem(BaseModel):
     """One eval item as answered by one stage."""

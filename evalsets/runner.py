@@ -21,7 +21,7 @@ import httpx
 
 from evalsets.divergence import paired_tokens, summaries
 from evalsets.perplexity import measure_perplexity
-from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.results import SAMPLES_FILE, QualityItem, QualityResult, TaskQuality
 from evalsets.sampling import combined, request_kwargs
 from evalsets.spec import EvalSetSpec
 from evalsets.structured import check_guided_decoding, structured_formats
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 INSTALL_HINT = "lm-eval is missing: pip install 'lm-eval[api]'"
 RESULTS_FILE = "lm_eval_results.json"
-SAMPLES_FILE = "lm_eval_samples.jsonl"
 
 
 def prompt_hash(prompt: str) -> str:

@@ -110,7 +110,7 @@ PATTERN_KEYS = ("regex_pattern",)
 def check_task_patterns(task_yaml: Path, config: Any) -> None:
     """Each regular expression a task.yaml gives lm-eval's filters compiles without a warning
     and cannot backtrack exponentially (lm-eval searches with re, no time bound)."""
-    from evalsets.scorers import regex_problem
+    from evalsets.patterns import regex_problem
 
     stack: list[tuple[str, Any]] = [("", config)]
     while stack:

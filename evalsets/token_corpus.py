@@ -177,7 +177,7 @@ def build_corpus(
 ) -> ScoringCorpus:
     """The baseline's answers to each set's items (from `quality_dir/<set>/`) plus the prose
     (`prose_dir`, default evalsets/corpus/); sequences over `max_sequence_tokens` are skipped."""
-    from evalsets.runner import SAMPLES_FILE
+    from evalsets.results import SAMPLES_FILE
 
     tokenizer = (load_tokenizer(tokenizer_or_dir) if isinstance(tokenizer_or_dir, Path)
                  else tokenizer_or_dir)

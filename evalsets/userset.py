@@ -132,14 +132,6 @@ def readable_prompt(info: EvalSetInfo, row: dict[str, Any], field: str | None = 
                        for m in messages)
 
 
-def contract(info: EvalSetInfo) -> Any:
-    """The data contract a user data file implies: id, prompt and the scorer's fields."""
-    from evalsets.contracts import Contract
-
-    return Contract(id=info.id_field, prompt=[prompt_field(info)], reference=info.scorer.fields,
-                    group=info.group_field, cluster=info.cluster_field)
-
-
 def _row_error(info: EvalSetInfo, row: dict, field: str, why: str) -> SpecError:
     return SpecError(f"{info.data_file}:{row[LINE]}: field {field!r} "
                      f"(id {str(row.get(info.id_field))!r}): {why}")

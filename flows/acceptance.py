@@ -12,8 +12,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evalsets.contracts import check_prompts_fit, fit_to_context, validate_sets
-from evalsets.multiturn import check_chat_template
+from evalsets.contracts import check_chat_template, check_prompts_fit, fit_to_context, validate_sets
 from evalsets.results import QualityResult
 from evalsets.runner import load_task_config, run_quality
 from evalsets.structured import check_schema_items

@@ -1,9 +1,10 @@
 """Were two stages asked the same way? Chat template, tokenizer, generation settings, items, load.
 
 The flow records what each stage was served and sent (`Comparability`, in the stage record) when
-it is measured; the gates compare every stage with the baseline before judging it. A difference
-is a failed rule naming the field: a quantized stage judged on other prompts, another template or
-a shorter generation budget says nothing about the quantization.
+it is measured; the gates compare every stage with the baseline before judging it
+(gates/comparability_check.py). A difference is a failed rule naming the field: a quantized stage
+judged on other prompts, another template or a shorter generation budget says nothing about the
+quantization.
 """
 
 from __future__ import annotations
@@ -12,14 +13,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
-
-from gates.verdict import Check
-
-if TYPE_CHECKING:  # the record holds a Comparability: imported for types only
-    from gates.record import StageRecord
 
 # What lm-eval's API models send when the task leaves a setting out (max_gen_toks: the runner's).
 GENERATION_DEFAULTS: dict[str, Any] = {"max_gen_toks": 256, "until": None, "temperature": 0.0,
@@ -108,36 +104,6 @@ def _shown(value: Any) -> str:
     return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
-def _first_difference(mine: list[str], theirs: list[str]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
-
-
-def id_differences(stage: StageRecord, baseline: StageRecord) -> list[str]:
-    """Item ids per set, from the stored items: the stage's items must be the baseline's, in the
-    same order, over the items both scored (the baseline may hold more: a later stage's adaptive
-    looks grew it); a stage with items the baseline never scored is not paired on them."""
-    if stage.quality is None or baseline.quality is None:
-        return []
-    out = []
-    for name, task in stage.quality.tasks.items():
-        theirs = baseline.quality.tasks.get(name)
-        if theirs is None:
-            out.append(f"set {name} was not measured on the baseline")
-            continue
-        mine_ids, their_ids = [i.id for i in task.items], [i.id for i in theirs.items]
-        at = _first_difference(mine_ids, their_ids)
-        if at is not None:
-            out.append(f"set {name} item ids differ from the baseline's at item {at + 1} "
-                       f"({mine_ids[at]!r} vs {their_ids[at]!r})")
-        elif len(mine_ids) > len(their_ids):
-            out.append(f"set {name} {len(mine_ids)} items vs baseline {len(their_ids)} (items the "
-                       "baseline never scored)")
-    for name in baseline.quality.tasks:
-        if name not in stage.quality.tasks:
-            out.append(f"set {name} was not measured on the stage (baseline has it)")
-    return out
-
-
 def recorded_differences(mine: Comparability, theirs: Comparability) -> list[str]:
     """Every recorded field that differs, named, with both values."""
     out = []
@@ -159,26 +125,3 @@ def recorded_differences(mine: Comparability, theirs: Comparability) -> list[str
         out.append(f"load profile {mine.load_profile} ({mine.load_prompts}) vs baseline "
                    f"{theirs.load_profile} ({theirs.load_prompts})")
     return out
-
-
-def comparability_check(stage: StageRecord, baseline: StageRecord) -> Check:
-    """Fails closed on any difference from the baseline. A record stored before quantgate kept
-    what it served has only its item ids checked, and says so."""
-    differences = id_differences(stage, baseline)
-    mine, theirs = stage.comparability, baseline.comparability
-    if mine is not None and theirs is not None:
-        differences = recorded_differences(mine, theirs) + differences
-    if differences:
-        return Check(rule="comparability", passed=False, reason="; ".join(differences),
-                     details={"differences": len(differences)})
-    if mine is None or theirs is None:
-        missing = " and ".join(name for name, record in (("the stage", mine), ("the baseline", theirs))
-                               if record is None)
-        return Check(rule="comparability", passed=True, applicable=False,
-                     reason=f"item ids match; chat template, tokenizer, generation settings and "
-                     f"load profile not recorded for {missing} (stored by an older quantgate): "
-                     "re-run the acceptance to check them")
-    return Check(rule="comparability", passed=True,
-                 reason=f"as the baseline: chat template {mine.chat_template}, tokenizer "
-                 f"{mine.tokenizer}, generation settings and items of {len(mine.sets)} set(s), "
-                 f"load profile {mine.load_profile} ({mine.load_prompts})")

@@ -99,7 +99,7 @@ class DivergenceRules(Rules):
         30, ge=2, description="A scoring corpus of fewer blocks of block_tokens cannot decide: "
         "KL, top-1 and perplexity are inconclusive (a rollback when required). One block has no "
         "spread to resample, and under ~30 the interval of a heavy-tailed mean falls below it "
-        "more often than its level allows (python -m gates.benchmark_divergence)."
+        "more often than its level allows (python -m tools.benchmarks.divergence)."
     )
 
 

@@ -86,7 +86,7 @@ def block_bootstrap(values: np.ndarray, span_tokens: list[int], block_tokens: in
     for a nominal 2.5 %. So this interval is studentized (bootstrap-t of the ratio sum / count
     over blocks) and two-stage: within each resampled block its tokens are drawn again, so a
     block's few several-nats tokens come back twice or not at all, as in another corpus, and each
-    resample's t carries that skew into the bound (1.9-3.8 %: python -m gates.benchmark_divergence).
+    resample's t carries that skew into the bound (1.9-3.8 %: python -m tools.benchmarks.divergence).
     The one interval for per-token KL, top-1 agreement (0/1 values) and NLL differences (log
     perplexity ratio). The bounds stay within the values' range; a single block, with no spread to
     resample, gets all of it.

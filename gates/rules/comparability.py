@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gates.comparability import comparability_check
+from gates.comparability_check import comparability_check
 from gates.rules import Context, Rule, register
 from gates.verdict import Check
 

@@ -3,7 +3,6 @@ the library would judge loosely (unknown ids, missing arguments, data not instal
 
 from __future__ import annotations
 
-import collections
 import json
 import re
 from pathlib import Path
@@ -12,13 +11,14 @@ import pytest
 
 from evalsets import instruction_checks
 from evalsets.contracts import validate_sets
-from evalsets.instruction_following import generate
 from evalsets.scorers import InstructionsScorer
 from evalsets.spec import EvalSetSpec
 from infra.errors import SpecError
 
 SCORER = InstructionsScorer(kind="instructions")
-ROWS = [json.loads(line) for line in generate.DATA_PATH.read_text().splitlines()]
+DATA_PATH = Path(__file__).resolve().parents[2] / "evalsets/instruction_following/data.jsonl"
+ROWS = [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
+END_PHRASE = "Is there anything else I can help with?"  # the end_phrase kwarg of the data
 # Per template: an answer that follows every instruction, and one that breaks one of them.
 ANSWERS = {
     "lowercase": ("dear neighbour, i found a small grey cat in my garden this evening. it wears a "
@@ -30,8 +30,8 @@ ANSWERS = {
     "json": ('```json\n{"note": "I found your cat"}\n```', 'Here it is: {"note": "cat"}'),
     "bullets": ("* one\n* two\n* three", "* one\n* two"),
     "keywords": ("{k1} and {k2}.", "{k1} only."),
-    "end_phrase": (f"I found your cat. {generate.END_PHRASE}",
-                   f"{generate.END_PHRASE} I found your cat."),
+    "end_phrase": (f"I found your cat. {END_PHRASE}",
+                   f"{END_PHRASE} I found your cat."),
     "title": ("<<Found cat>>\nI found your cat.", "Found cat\nI found your cat."),
     "lowercase_no_comma": ("dear neighbour i found your grey cat in my garden this evening and it "
                            "is safe with me now so please come and collect it soon",
@@ -39,20 +39,6 @@ ANSWERS = {
                            "it is safe with me now so please come and collect it soon"),
     "length_postscript": (" ".join(["word"] * 45) + "\nP.S. thanks", " ".join(["word"] * 45)),
 }
-
-
-def test_committed_set_is_the_generators_and_covers_the_instruction_kinds():
-    assert generate.generate() == ROWS, "data.jsonl is stale: python -m " \
-                                        "evalsets.instruction_following.generate"
-    assert len(ROWS) == 40 and len({r["id"] for r in ROWS}) == 40
-    assert collections.Counter(r["kind"] for r in ROWS) == dict.fromkeys(ANSWERS, 4)
-    assert {r["kind"] for r in ROWS[:10]} == set(ANSWERS)  # limit 10: every template once
-    ids = {i for r in ROWS for i in r["instruction_id_list"]}
-    assert {"length_constraints:number_words", "detectable_format:json_format",
-            "change_case:english_lowercase", "punctuation:no_comma", "keywords:existence",
-            "detectable_format:number_bullet_lists"} <= ids
-    assert validate_sets([EvalSetSpec(name="instruction_following")]) == {
-        "instruction_following": 40}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
@@ -112,7 +98,7 @@ def test_an_instruction_needing_data_not_installed_is_refused_not_downloaded(mon
 
 
 def test_the_file_is_a_user_set_too_and_a_bad_row_is_named(tmp_path):
-    spec = EvalSetSpec(name="my_if", path=generate.DATA_PATH, scorer={"kind": "instructions"})
+    spec = EvalSetSpec(name="my_if", path=DATA_PATH, scorer={"kind": "instructions"})
     assert validate_sets([spec]) == {"my_if": 40}
     rows = [dict(r) for r in ROWS[:3]]
     rows[2]["kwargs"] = [{"num_bullets": None}]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from evalsets.contracts import check_chat_template
 from evalsets.multiturn import (
     MARKER,
-    check_chat_template,
     decode_dialogue,
     encode_dialogue,
     expand_messages,

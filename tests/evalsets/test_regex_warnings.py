@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from evalsets.instruction_checks import problem as instructions_problem
-from evalsets.scorers import JsonScorer, RegexScorer, regex_problem, schema_patterns, score_regex
+from evalsets.patterns import regex_problem, schema_patterns, score_regex
+from evalsets.scorers import JsonScorer, RegexScorer
 from evalsets.task_code import check_task_patterns
 from flows.cli import app
 from infra.errors import MeasurementError, SpecError

@@ -7,8 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from evalsets.jsonl import read_jsonl
-from evalsets.scorers import NumericScorer, RegexScorer, nested_repeat, score_numeric, score_regex
-from evalsets.structured import item_schema, remote_ref
+from evalsets.patterns import nested_repeat, score_regex
+from evalsets.schema_refs import remote_ref
+from evalsets.scorers import NumericScorer, RegexScorer, score_numeric
+from evalsets.structured import item_schema
 from infra.errors import MeasurementError, SpecError
 
 

@@ -234,7 +234,7 @@ def test_choice_needs_the_completions_endpoint(tmp_path):
 
 
 def test_a_dialogue_file_needs_the_chat_template(tmp_path):
-    from evalsets.multiturn import check_chat_template
+    from evalsets.contracts import check_chat_template
 
     turns = [{"role": "user", "content": "I am Ana."}, {"role": "assistant", "content": "Hi Ana."},
              {"role": "user", "content": "What is my name?"}]

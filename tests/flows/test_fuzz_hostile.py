@@ -151,7 +151,7 @@ regex_text = st.text(alphabet="a(+*?|)[]{},.^$\\d1-", max_size=14)
                                                       "((a+)+)+", "(?:a{1,30}){1,30}$", "[", "("])),
        answer=st.sampled_from(["a" * 5000 + "!", "a" * 30, "", "1,2,3"]))
 def test_user_regexes_are_refused_or_bounded_on_long_answers(pattern, answer):
-    from evalsets.scorers import regex_problem, score_regex
+    from evalsets.patterns import regex_problem, score_regex
 
     problem = one_line_or_valid(regex_problem, pattern)
     if problem is None:  # accepted at validate: scoring must end, with an answer or one line

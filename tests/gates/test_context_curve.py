@@ -83,14 +83,15 @@ def test_report_shows_the_curve_table(tmp_path):
 
 def test_a_kv_stage_is_judged_per_bucket_of_the_family_and_the_curve_shows_the_drop():
     import json
+    from pathlib import Path
 
-    from evalsets.context_ruler.generate import FOLDER
     from evalsets.results import QualityItem, QualityResult, TaskQuality
     from gates.accuracy import quality_checks
     from gates.policy import GatePolicy
     from gates.record import StageRecord
 
-    rows = [json.loads(line) for line in (FOLDER / "data.jsonl").read_text().splitlines()]
+    data = Path(__file__).resolve().parents[2] / "evalsets/context_ruler/data.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
 
     def stage(name, parent, wrong_in, axes):
         items = [QualityItem(id=r["id"], prompt_hash="h", response="", group=r["bucket"],

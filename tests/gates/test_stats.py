@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gates import stats
-from gates.benchmark_divergence import SERIES, corpus, misses
 from gates.policy import axis_bits, precision_class
+from tools.benchmarks.divergence import SERIES, corpus, misses
 
 
 def test_holm_adjusts_step_down_and_stays_monotone():

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gates.whatif import markdown, whatif_table
+
 # Published: one H100 SXM, 1,024 prompt / 256 output tokens, TTFT <= 1 s and TPOT <= 40 ms for
 # 99 % of requests; the figures and the stages' axes live beside the benchmark script.
-from gates.benchmark_whatif import PUBLISHED, STAGES, WORKLOAD
-from gates.whatif import markdown, whatif_table
+from tools.benchmarks.whatif import PUBLISHED, STAGES, WORKLOAD
 
 CONFIG = json.loads((Path(__file__).with_name("qwen25_7b_config.json")).read_text())
 

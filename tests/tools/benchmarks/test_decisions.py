@@ -1,0 +1,86 @@
+"""Decision quality through decide(), on records shaped like the real sets: the rows not in doubt."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gates import simulate
+from gates.policy import GatePolicy
+from gates.simulate import DEMO_SETS, SetShape, Step
+from tools.benchmarks.decisions import Scenario, main, p_go, scenarios, trial, wilson
+
+POLICY = GatePolicy()
+
+
+def row(label: str) -> Scenario:
+    return next(s for s in scenarios(POLICY) if s.label.startswith(label))
+
+
+def test_the_drop_a_row_names_is_the_drop_simulated():
+    """The old generator clipped P(wrong->right) at zero: '16 pts at 5 % flips' was 10.5."""
+    rng = np.random.default_rng(0)
+    shape = SetShape("big", 1, 200_000, {"": 0.6})
+    base = simulate.baseline_answers(rng, shape)
+    for drop, flips in ((0.16, 0.05), (0.08, 0.15), (-0.03, 0.15)):
+        stage = simulate.stage_answers(rng, shape, base, {"*": drop}, {}, flips)
+        assert abs((base.mean() - stage.mean()) - drop) < 0.005, (drop, flips)
+    ceiling = SetShape("ceiling", 1, 200_000, {"": 0.95})
+    base = simulate.baseline_answers(rng, ceiling)
+    stage = simulate.stage_answers(rng, ceiling, base, {"*": 0.08}, {}, 0.05)
+    assert abs((base.mean() - stage.mean()) - 0.08) < 0.005
+
+
+def test_one_bucket_drop_lands_in_that_bucket_only():
+    rng = np.random.default_rng(1)
+    shape = DEMO_SETS[3]
+    big = SetShape(shape.name, 1, 40_000, shape.accuracy)
+    base = simulate.baseline_answers(rng, big)
+    stage = simulate.stage_answers(rng, big, base, {"long_context.4k": 0.32}, {}, 0.05)
+    groups = np.array([big.group_of(i) for i in range(big.pool)])
+    assert abs(base[groups == "4k"].mean() - stage[groups == "4k"].mean() - 0.32) < 0.02
+    assert abs(base[groups == "512"].mean() - stage[groups == "512"].mean()) < 0.02
+
+
+def test_heavy_tailed_kl_has_the_mean_it_names():
+    tokens = simulate.paired_tokens(np.random.default_rng(2), 400_000, 0.03, 0.97, 0.0)
+    assert abs(tokens.values("kl").mean() / 0.03 - 1) < 0.08
+    assert tokens.values("kl").max() > 50 * 0.03  # a few tokens carry much of the mean
+
+
+def test_an_equivalent_stage_goes_at_the_planning_discordance():
+    rate, blocking = p_go(row("A/A, 10 % flips"), POLICY, trials=12, seed=3)
+    assert rate >= 11 / 12, blocking
+
+
+def test_twice_the_margin_and_one_set_twice_the_margin_roll_back():
+    assert p_go(row("pooled drop 16% (2x margin)"), POLICY, 6, 1)[0] == 0
+    rate, blocking = p_go(row("code loses 16%, others gain 3 pts"), POLICY, trials=8, seed=2)
+    assert rate <= 1 / 8 and blocking.get("quality.code", 0) >= 6, blocking
+
+
+def test_a_collapsed_bucket_rolls_back_a_kv_stage_on_that_bucket():
+    rate, blocking = p_go(row("kv: only the 4k bucket loses 32%"), POLICY, trials=6, seed=4)
+    assert rate == 0 and blocking.get("quality.long_context.4k", 0) >= 5, blocking
+
+
+def test_creep_over_a_chain_is_caught_against_the_baseline():
+    verdict = trial(row("creep: -4 pts"), POLICY, np.random.default_rng(4))
+    assert verdict.decision == "rollback"
+    assert any(r.startswith("s3: quality.accuracy") for r in verdict.reasons), verdict.reasons
+
+
+def test_adaptive_looks_add_items_only_when_needed_and_record_each_look():
+    verdict = trial(Scenario("aa", [Step()], flips=0.15), POLICY, np.random.default_rng(5))
+    pooled = next(c for c in verdict.stages[1].checks if c.rule == "quality.accuracy")
+    assert pooled.details["n"] >= 160 and pooled.details["sets"] == 4
+
+
+def test_wilson_interval_brackets_the_rate():
+    low, high = wilson(50, 1000)
+    assert low < 0.05 < high and high - low < 0.03
+
+
+def test_the_script_prints_the_table(capsys):
+    main(["--trials", "2", "--near-target-trials", "2", "--only", "2x margin"])
+    out = capsys.readouterr().out
+    assert "P(go)" in out and "pooled drop 16% (2x margin)" in out and "95 % CI" in out
