@@ -96,7 +96,7 @@ def print_verdict(verdict) -> None:
 @app.command()
 def validate(spec: Path) -> None:
     """Check a spec, its stages' axes, eval sets, load profile and gate policy; run nothing."""
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
     from flows.settings import check_writable, load_settings
     from infra.vllm_engine import port_free
 
@@ -184,8 +184,9 @@ def run(
 ) -> None:
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
-    from flows.acceptance import acceptance, checked
+    from flows.acceptance import acceptance
     from flows.interrupt import install, restore
+    from flows.preflight import checked
     from flows.settings import check_writable, load_settings
 
     started, settings = time.time(), None
@@ -489,7 +490,7 @@ def submit(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Measure every stage again.")] = False,
 ) -> None:
     """Queue an acceptance on the running service; prints the flow run id."""
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
     from flows.service import submit as queue_run
     from flows.service import use_service
     from flows.settings import load_settings

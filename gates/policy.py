@@ -55,7 +55,7 @@ class QualityRules(Rules):
     )
     min_items: int = Field(
         20, ge=1, le=100_000, description="Fewer paired items fail closed (validate refuses a "
-        "spec whose sets cannot reach it: flows/acceptance.py Prepared, check_min_items).")
+        "spec whose sets cannot reach it: flows/preflight.py Prepared, check_min_items).")
     max_looks: int = Field(
         3, ge=1, le=10, description="Looks of the sequential accuracy test: the first, then one per "
         "batch of extra items scored while it is inconclusive; alpha is split over them."

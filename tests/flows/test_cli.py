@@ -14,7 +14,7 @@ runner = CliRunner()
 @pytest.fixture
 def cpu(monkeypatch):
     def use(flags):
-        monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: flags)
+        monkeypatch.setattr("flows.preflight.cpu_flags", lambda: flags)
     return use
 
 

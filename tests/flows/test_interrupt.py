@@ -188,7 +188,7 @@ def test_a_run_that_ends_hands_the_signals_back(tmp_path, monkeypatch):
     def mine(signum, frame):
         raise AssertionError("not called")
 
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     previous = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         spec = base_spec(tmp_path) | {"load_profile": "no-such-profile"}
