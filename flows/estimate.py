@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from gates.record import StageRecord
 
 if TYPE_CHECKING:
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
 
 # Seconds on a quiet 2-core AVX-512 box (the demo model, the e2e runs): start-up, per item per
 # built-in set, the scoring corpus, both load levels. AVX2 (FACTS.md: math 60 items 234 s, long
@@ -145,7 +145,7 @@ def estimate(works: list[StageWork], speed: Speed, rounds_factor: float) -> Esti
 
 def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
     """Each planned stage's work, from the spec, its sets' pools and the policy's looks."""
-    from flows.acceptance import engines_to_keep, timed_against
+    from flows.references import engines_to_keep, timed_against
 
     policy, pools = prepared.policy, prepared.pools
     items = {s.name: s.first_look(pools.get(s.name, 0)) for s in prepared.spec.evalsets}

@@ -138,7 +138,7 @@ def materialize(candidate: Candidate, out_dir: Path, cache_dir: Path | None = No
     """Write the candidate's spec: the template with its checkpoint in the chosen stage.
 
     Paths the template gives relative to its folder become absolute, with the meaning the loaders
-    give them (flows/spec.py checkpoints, flows/acceptance.py load_profile, gates/policy.py policy).
+    give them (flows/spec.py checkpoints, flows/preflight.py load_profile, gates/policy.py policy).
     """
     template = candidate.spec.resolve()
     data = read_yaml(template)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from flows.host import host_limit
 from infra.errors import QuantgateError
 from infra.servers import ServiceError
 
@@ -34,11 +35,6 @@ PROBE_TIMEOUT_S = 3.0  # a live server answers its health check at once
 REQUEST_TIMEOUT_S = 20.0  # each Prefect or MLflow call of `submit` and `status`
 # A run in one of these states is finished without a verdict: submitting it again resumes it.
 RESUMABLE = ("CRASHED", "FAILED", "CANCELLED")
-
-
-def host_limit() -> str:
-    """The Prefect global concurrency limit that lets one acceptance at a time use this host."""
-    return f"quantgate-host-{socket.gethostname()}"
 
 
 def write_address(state_dir: Path, prefect_api_url: str, mlflow_uri: str) -> Path:
@@ -377,7 +373,7 @@ def crash_leftovers(pids: set[int]) -> int:
 def intake(client, watched: list[str], seen: set[str], specs_dir: Path, log) -> list[str]:
     """Queue one acceptance per new model version of the watched registered models; the
     registry is the source of truth, `model@version` the key (a version is never run twice)."""
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
     from flows.registry import mark, materialize, poll
 
     queued = []

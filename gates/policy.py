@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.values import MAX_RESAMPLES, at_most
@@ -55,7 +55,7 @@ class QualityRules(Rules):
     )
     min_items: int = Field(
         20, ge=1, le=100_000, description="Fewer paired items fail closed (validate refuses a "
-        "spec whose sets cannot reach it: flows/acceptance.py Prepared, check_min_items).")
+        "spec whose sets cannot reach it: flows/preflight.py Prepared, check_min_items).")
     max_looks: int = Field(
         3, ge=1, le=10, description="Looks of the sequential accuracy test: the first, then one per "
         "batch of extra items scored while it is inconclusive; alpha is split over them."
@@ -198,14 +198,6 @@ class GatePolicy(Rules):
         # plug-ins dumps (and hashes) as it did before they existed
         description="Settings of rules added as plug-ins (gates/rules/), "
         "by rule name; each is validated by its rule's own model.")
-
-    @model_validator(mode="after")
-    def _plugin_settings(self) -> GatePolicy:
-        if self.rules:  # the built-in rules take their sections above; plug-ins are loaded here
-            from gates.rules import check_settings
-
-            check_settings(self.rules)
-        return self
 
     def reachable(self, items: int, pool: int) -> int:
         """Items a set of `items` can grow to by the last look, within its `pool`."""

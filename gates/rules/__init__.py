@@ -5,7 +5,8 @@ rule added later) its own policy settings.
 table takes one column per cell a rule declares, so neither lists the rules again. The built-in
 rules keep their settings in their sections of the policy (`quality`, `divergence`, `length`, ...,
 gates/policy.py); a rule added later declares a pydantic `settings` model and reads its section
-under `rules: {<name>: ...}` of the policy YAML, validated when the policy loads.
+under `rules: {<name>: ...}` of the policy YAML, validated when a run or a re-gate loads it
+(`check_settings`: the policy is a part the rules depend on, not the other way round).
 
 Adding a rule: a module here that subclasses `Rule` and calls `register`, its name in
 RULE_MODULES, its settings in the YAML, and tests.
@@ -69,7 +70,7 @@ class Rule:
         """This rule's settings from the policy's `rules` section (defaults where it has none)."""
         if self.settings is None:
             return None
-        return self.settings.model_validate(policy.rules.get(self.name, {}))
+        return _settings(policy, self.name, "the gate policy")
 
 
 _REGISTRY: dict[str, Rule] = {}
@@ -92,24 +93,28 @@ def columns() -> list[Column]:
                   key=lambda column: column.rank)
 
 
-def check_settings(sections: Mapping[str, Any]) -> None:
-    """The policy's `rules` sections: each names a rule that takes settings, and is valid for it
-    (raises ValueError naming the rule and the field)."""
-    rules = {rule.name: rule for rule in registered()}
-    for name, section in sections.items():
-        rule = rules.get(name)
-        if rule is None or rule.settings is None:
-            from infra.errors import did_you_mean
+def check_settings(policy: GatePolicy, source: str = "the gate policy") -> None:
+    """The policy's `rules` sections: each names a rule that takes settings and is valid for it
+    (SpecError naming the policy, the rule and the field)."""
+    for name in policy.rules:
+        _settings(policy, name, source)
 
-            takes = tuple(n for n, r in rules.items() if r.settings is not None)
-            raise ValueError(f"rules.{name}: no rule of that name takes settings; "
-                             f"{did_you_mean(name, takes) if takes else 'none does'}")
-        try:
-            rule.settings.model_validate(section)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"rules.{name}.{field}: {first['msg']}") from err
+
+def _settings(policy: GatePolicy, name: str, source: str) -> BaseModel:
+    from infra.errors import SpecError, did_you_mean
+
+    rules = {rule.name: rule for rule in registered()}
+    rule = rules.get(name)
+    if rule is None or rule.settings is None:
+        takes = tuple(n for n, r in rules.items() if r.settings is not None)
+        raise SpecError(f"{source}: rules.{name}: no rule of that name takes settings; "
+                        f"{did_you_mean(name, takes) if takes else 'none does'}")
+    try:
+        return rule.settings.model_validate(policy.rules.get(name, {}))
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise SpecError(f"{source}: rules.{name}.{field}: {first['msg']}") from err
 
 
 def cell(check: Check | None, text: str) -> dict[str, str]:

@@ -61,7 +61,7 @@ def test_the_warning_is_found_every_time_not_only_on_the_first_compile():
 
 def test_a_sets_pattern_is_refused_at_validate_in_one_line_without_the_warning(tmp_path,
                                                                                 monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     monkeypatch.chdir(tmp_path)
     spec = base_spec(tmp_path)
     spec["evalsets"].append(user_set(tmp_path, [{"id": 1, "prompt": "p"}],
@@ -75,7 +75,7 @@ def test_a_sets_pattern_is_refused_at_validate_in_one_line_without_the_warning(t
 
 def test_a_rows_own_pattern_is_refused_naming_the_set_the_row_and_the_field(tmp_path,
                                                                             monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     monkeypatch.chdir(tmp_path)
     spec = base_spec(tmp_path)
     rows = [{"id": 1, "prompt": "p", "pattern": "ok"}, {"id": 2, "prompt": "q", "pattern": NESTED_SET}]

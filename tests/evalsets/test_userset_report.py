@@ -32,7 +32,7 @@ def test_gate_report_in_a_fresh_process_finds_the_runs_user_sets(tmp_path, monke
     import yaml
 
     from evalsets import spec as evalset_spec
-    from flows.cli import _read_run_spec
+    from flows.commands.results import _read_run_spec
     from gates.record import RunManifest
     from tests.flows.test_spec import write_spec
 

@@ -12,7 +12,7 @@ from tests.infra.test_cpu_support import AVX512
 def workspace(tmp_path_factory, monkeypatch):
     """One base spec for all examples; results, reports and MLflow inside the workspace."""
     root = tmp_path_factory.mktemp("fuzz")
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     monkeypatch.setenv("QG_RESULTS_DIR", str(root / "runs"))
     monkeypatch.setenv("QG_REPORTS_DIR", str(root / "reports"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.acceptance import stage_summary
+from flows.summary import stage_summary
 from gates.policy import load_policy
 from tests.gates.records import chain
 
@@ -28,7 +28,7 @@ def test_a_failed_stage_prints_why():
 
 
 def test_stage_timings_add_up_and_reach_mlflow():
-    from flows.acceptance import stage_timings
+    from flows.timing import stage_timings
     from flows.tracking import stage_metrics
 
     record = chain()[2]

@@ -177,7 +177,7 @@ def test_more_items_show_their_progress(tmp_path, monkeypatch):
 def test_a_stage_that_already_fails_for_good_gets_no_more_looks(tmp_path):
     from types import SimpleNamespace
 
-    from flows.acceptance import failed_for_good
+    from flows.tasks import failed_for_good
     from gates.policy import load_policy
     from tests.gates.records import record
 

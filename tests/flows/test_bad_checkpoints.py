@@ -163,7 +163,7 @@ def validate(tmp_path: Path, spec: dict, command: str = "validate") -> list[str]
 @pytest.mark.parametrize("change, expected", [case[1:] for case in CASES],
                          ids=[case[0] for case in CASES])
 def test_validate_refuses_a_broken_checkpoint_in_one_line(tmp_path, monkeypatch, change, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     change(spec, tmp_path)
     assert expected in validate(tmp_path, spec)[0]
@@ -172,7 +172,7 @@ def test_validate_refuses_a_broken_checkpoint_in_one_line(tmp_path, monkeypatch,
 @pytest.mark.parametrize("case", ["num_bits 16", "weights all zeros",
                                   "chat template unlike the baseline's"])
 def test_run_refuses_it_before_any_engine(tmp_path, monkeypatch, case):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     change, expected = next(c[1:] for c in CASES if c[0] == case)
     spec = base_spec(tmp_path)
     change(spec, tmp_path)
@@ -180,7 +180,7 @@ def test_run_refuses_it_before_any_engine(tmp_path, monkeypatch, case):
 
 
 def test_the_template_message_says_what_to_copy(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     baseline = Path(spec["baseline"]["checkpoint"])
     (baseline / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}\n{% endfor %}")
@@ -192,7 +192,7 @@ def test_the_template_message_says_what_to_copy(tmp_path, monkeypatch):
 
 
 def test_the_same_template_in_either_file_validates(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     template = "{{ messages[0]['content'] }}"
     (Path(spec["baseline"]["checkpoint"]) / "chat_template.jinja").write_text(template)
@@ -205,7 +205,7 @@ def test_the_same_template_in_either_file_validates(tmp_path, monkeypatch):
 
 
 def test_plain_completions_do_not_compare_templates(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path) | {"chat_template": False}
     (stage(spec, tmp_path) / "chat_template.jinja").write_text("{{ messages }}")
     path = tmp_path / "spec.yaml"
@@ -235,7 +235,7 @@ def test_a_baseline_without_a_chat_template_is_refused_before_any_engine(tmp_pat
                                                                         command):
     """vLLM refuses the chat endpoint without a template and the scoring corpus renders with it:
     found at validate, not as a traceback after the baseline's eval sets ran."""
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     baseline = Path(spec["baseline"]["checkpoint"])
     (baseline / "tokenizer_config.json").unlink()
@@ -246,7 +246,7 @@ def test_a_baseline_without_a_chat_template_is_refused_before_any_engine(tmp_pat
 
 
 def test_an_external_engines_baseline_needs_the_template_too(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     external(spec)
     (Path(spec["baseline"]["checkpoint"]) / "tokenizer_config.json").write_text("{}")
@@ -254,7 +254,7 @@ def test_an_external_engines_baseline_needs_the_template_too(tmp_path, monkeypat
 
 
 def test_a_base_model_without_a_template_validates_on_plain_completions(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path) | {"chat_template": False}
     (Path(spec["baseline"]["checkpoint"]) / "tokenizer_config.json").unlink()
     path = tmp_path / "spec.yaml"

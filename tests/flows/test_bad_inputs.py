@@ -124,7 +124,7 @@ CASES = [
 @pytest.mark.parametrize("change, expected", [case[1:] for case in CASES],
                          ids=[case[0] for case in CASES])
 def test_validate_refuses_in_one_line(tmp_path, monkeypatch, change, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     monkeypatch.delenv("QG_TEST_UNSET_KEY", raising=False)
     spec = base_spec(tmp_path)
     change(spec, tmp_path)
@@ -138,7 +138,7 @@ def test_validate_refuses_in_one_line(tmp_path, monkeypatch, change, expected):
 
 
 def test_a_port_in_use_is_refused_by_validate(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     with busy_port() as held:
         port = held.getsockname()[1]
@@ -151,7 +151,7 @@ def test_a_port_in_use_is_refused_by_validate(tmp_path, monkeypatch):
 
 
 def test_the_good_spec_of_the_table_validates(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(base_spec(tmp_path)))
     result = runner.invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
@@ -165,7 +165,7 @@ def test_the_good_spec_of_the_table_validates(tmp_path, monkeypatch):
 ])
 def test_a_tracking_store_that_cannot_open_is_one_line_without_its_password(tmp_path, monkeypatch,
                                                                           uri, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(base_spec(tmp_path)))
     for command in ("validate", "run"):

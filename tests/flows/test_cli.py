@@ -14,7 +14,7 @@ runner = CliRunner()
 @pytest.fixture
 def cpu(monkeypatch):
     def use(flags):
-        monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: flags)
+        monkeypatch.setattr("flows.preflight.cpu_flags", lambda: flags)
     return use
 
 
@@ -75,13 +75,13 @@ def test_a_crash_is_an_error_never_a_rollback(monkeypatch, capsys):
 def test_verdict_reasons_keep_their_bracketed_intervals(capsys):
     from types import SimpleNamespace as NS
 
-    import flows.cli as cli
+    from flows.commands import shared
 
     check = NS(rule="length", reason="CI [x0.9, x1.0]")  # rich would eat it as a markup tag
     stage = NS(stage="a8", kind="activations", parent="w8", passed=False, failures=[check])
     verdict = NS(candidate="c", decision="rollback", stages=[stage], advisories=["n [x1, x2]"],
                  accepted_stage="baseline", rollback_command="vllm serve m")
-    cli.print_verdict(verdict)
+    shared.print_verdict(verdict)
     out = capsys.readouterr().out
     assert "[x0.9, x1.0]" in out and "n [x1, x2]" in out
 
@@ -259,11 +259,11 @@ def test_a_bad_setting_is_one_line_naming_the_variable():
 
 def test_tables_off_a_terminal_are_not_folded(tmp_path, cpu, monkeypatch):
     # A CI log: no terminal, no COLUMNS. Rich's 80 columns folded "activatio / ns".
-    import flows.cli
+    from flows.commands import running, shared
 
     monkeypatch.delenv("COLUMNS", raising=False)
-    monkeypatch.setattr(flows.cli, "console", flows.cli._console())
-    assert flows.cli.console.width == flows.cli.PLAIN_WIDTH
+    monkeypatch.setattr(running, "console", shared._console())  # where `validate` prints
+    assert running.console.width == shared.PLAIN_WIDTH
     cpu(AVX512)
     emulated_chain(tmp_path)
     result = runner.invoke(app, ["validate", str(tmp_path / "spec.yaml")])
@@ -276,13 +276,36 @@ def test_tables_off_a_terminal_are_not_folded(tmp_path, cpu, monkeypatch):
 def test_the_console_reads_its_width_at_each_print(monkeypatch, capsys):
     # Read once, where the console was made, COLUMNS=80 then folded every later command's
     # output at 80 columns whatever COLUMNS said (pytest-xdist: one process, many commands).
-    import flows.cli
+    from flows.commands import shared
 
     monkeypatch.setenv("COLUMNS", "80")
-    out = flows.cli._console()
+    out = shared._console()
     monkeypatch.setenv("COLUMNS", "300")
     assert out.width == 300
     out.print("x" * 250, highlight=False)
     assert capsys.readouterr().out == "x" * 250 + "\n"
     monkeypatch.delenv("COLUMNS")
-    assert out.width == flows.cli.PLAIN_WIDTH  # off a terminal: tables take the width they need
+    assert out.width == shared.PLAIN_WIDTH  # off a terminal: tables take the width they need
+
+
+def test_gate_reports_from_the_run_folder_alone_its_spec_and_data_gone(tmp_path):
+    """A run keeps what it asked (gates.run_inputs): a re-gate's flips show the prompts it kept
+    and its what-if the profile it ran, with the spec deleted."""
+    from gates.record import RunManifest
+    from gates.run_inputs import RunInputs
+    from load.profile import load_profile
+    from tests.gates.records import record
+
+    run = tmp_path / "run"
+    record("baseline", None, [1.0] * 30 + [0.0] * 30).save(run / "baseline")
+    record("w", "baseline", [0.0] + [1.0] * 29 + [0.0] * 30).save(run / "w")  # item 0 flips
+    spec = tmp_path / "gone.yaml"
+    RunManifest(candidate="c", stages=["baseline", "w"], spec_path=str(spec)).save(run)
+    RunInputs(spec={}, load_profile=load_profile("ci"), load_profile_name="ci").save(
+        run, {"math": {"0": "the question the run asked"}})
+    result = runner.invoke(app, ["gate", str(run), "--report", str(tmp_path / "report")],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code in (0, 1), result.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "the question the run asked" in md
+    assert "no load profile was passed" not in md  # the what-if's CPU check had the profile

@@ -18,7 +18,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def avx512(monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
 
 
 def spec_with(tmp_path, folder):

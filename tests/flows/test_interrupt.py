@@ -188,7 +188,7 @@ def test_a_run_that_ends_hands_the_signals_back(tmp_path, monkeypatch):
     def mine(signum, frame):
         raise AssertionError("not called")
 
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     previous = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         spec = base_spec(tmp_path) | {"load_profile": "no-such-profile"}
@@ -203,7 +203,7 @@ def test_a_run_that_ends_hands_the_signals_back(tmp_path, monkeypatch):
 
 
 def test_interrupted_while_the_spec_is_checked_says_nothing_was_measured(tmp_path):
-    from flows.cli import _kept_on_interrupt
+    from flows.commands.running import _kept_on_interrupt
 
     line = _kept_on_interrupt(tmp_path / "spec.yaml", None, 0.0)
     assert line.startswith(f"`quantgate run {tmp_path / 'spec.yaml'}` stopped while its spec was "

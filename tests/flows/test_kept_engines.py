@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from flows.acceptance import engines_to_keep
 from flows.engines import KeptEngines, engine_beside, spec_port_free
 from flows.plan import plan
+from flows.references import engines_to_keep
 from flows.spec import Spec
 from infra.engine import Engine, EngineFacts
 from tests.flows.checkpoints import W8A8, W8A16, make_checkpoint, make_emulated_checkpoint

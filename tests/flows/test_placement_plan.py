@@ -108,7 +108,7 @@ def test_kv_needs_follow_the_profile_and_the_cache_dtype(tmp_path):
 
 
 def test_the_plan_recorded_in_the_manifest_reads_back_for_a_later_report(tmp_path):
-    from flows.cli import _run_placement
+    from flows.commands.results import _run_placement
     from gates.record import RunManifest
 
     spec = demo_chain(tmp_path)

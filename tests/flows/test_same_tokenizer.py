@@ -32,7 +32,7 @@ def other_vocabulary(path):
                                                            "{bf16}/tokenizer.json (sha256 "),
 ], ids=["other vocabulary", "no tokenizer.json", "same tokens, other bytes"])
 def test_a_stage_tokenized_otherwise_is_refused_at_validate(tmp_path, monkeypatch, change, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     w4 = make_checkpoint(tmp_path / "models" / "w4", W4A16)
     tiny_tokenizer(w4 / "tokenizer.json")
@@ -47,7 +47,7 @@ def test_a_stage_tokenized_otherwise_is_refused_at_validate(tmp_path, monkeypatc
 
 
 def test_a_stage_with_the_baselines_tokenizer_validates(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     w4 = make_checkpoint(tmp_path / "models" / "w4", W4A16)
     tiny_tokenizer(w4 / "tokenizer.json")

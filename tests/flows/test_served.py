@@ -223,7 +223,8 @@ def test_check_served_raises_an_engine_error_on_a_mismatch(models):
 def test_a_stage_whose_engine_disagrees_is_not_measured(tmp_path, monkeypatch):
     from prefect.logging import disable_run_logger
 
-    from flows import acceptance
+    from flows import stage as stages
+    from flows.preflight import Prepared
     from flows.settings import Settings
     from tests.flows.test_spec import write_spec
 
@@ -234,19 +235,19 @@ def test_a_stage_whose_engine_disagrees_is_not_measured(tmp_path, monkeypatch):
         measured.append(stage.name)
         raise MeasurementError("measured")  # stop there: only whether it got this far counts
 
-    monkeypatch.setattr(acceptance, "measure_quality", quality)
-    monkeypatch.setattr(acceptance, "measure_load", lambda *a, **k: measured.append("load"))
+    monkeypatch.setattr(stages, "measure_quality", quality)
+    monkeypatch.setattr(stages, "measure_load", lambda *a, **k: measured.append("load"))
     with FakeVllm(auto) as base, FakeVllm(auto) as kv:  # kv: fp8 forgotten on its server
         path = write_spec(tmp_path, engine={"kind": "external", "url": base.base_url,
                                             "stage_urls": {"kv": kv.base_url}},
                           stages=[{"name": "kv", "kind": "kv_cache",
                                    "engine_flags": {"kv_cache_dtype": "fp8"}}])
-        prepared = acceptance.Prepared(path)
+        prepared = Prepared(path)
         baseline, stage_kv = prepared.stages
         with disable_run_logger():
-            base_record = acceptance.run_stage(baseline, prepared, tmp_path / "baseline",
+            base_record = stages.run_stage(baseline, prepared, tmp_path / "baseline",
                                                Settings(), set())
-            record = acceptance.run_stage(stage_kv, prepared, tmp_path / "kv", Settings(), set())
+            record = stages.run_stage(stage_kv, prepared, tmp_path / "kv", Settings(), set())
     assert base_record.error == "measured", "a baseline serving its axes is measured"
     assert measured == ["baseline"], "the mismatching stage was measured"
     assert record.error == "stage kv serves kv_cache auto but its axes say fp8_e4m3"

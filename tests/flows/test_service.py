@@ -9,6 +9,7 @@ import os
 import pytest
 
 from flows import service
+from flows.host import host_limit
 from infra.servers import MlflowServer, PrefectServer
 from tests.flows.checkpoints import W8A16, make_checkpoint, make_emulated_checkpoint
 
@@ -65,7 +66,7 @@ def test_deploy_creates_the_pool_and_the_host_limit(servers):
 
         async with get_client() as client:
             pool = await client.read_work_pool(service.POOL)
-            limit = await client.read_global_concurrency_limit_by_name(service.host_limit())
+            limit = await client.read_global_concurrency_limit_by_name(host_limit())
             deployment = await client.read_deployment_by_name(f"{service.FLOW}/{service.DEPLOYMENT}")
             return pool.type, limit.limit, deployment.work_pool_name
 

@@ -274,7 +274,7 @@ def test_load_ui_names_the_models_a_server_serves(no_locust):
 
 
 def test_a_service_failure_leaves_the_registered_version_for_the_next_poll(monkeypatch, tmp_path):
-    from flows import acceptance, registry
+    from flows import preflight, registry
 
     candidate = type("Candidate", (), {"key": "m@4"})()
     marked: list[str] = []
@@ -282,7 +282,7 @@ def test_a_service_failure_leaves_the_registered_version_for_the_next_poll(monke
     monkeypatch.setattr(registry, "materialize", lambda candidate, folder: tmp_path / "spec.yaml")
     monkeypatch.setattr(registry, "mark", lambda client, candidate, status, **tags:
                         marked.append(status))
-    monkeypatch.setattr(acceptance, "Prepared", lambda spec, engine_host=True: None)
+    monkeypatch.setattr(preflight, "Prepared", lambda spec, engine_host=True: None)
 
     def unreachable(*args, **kwargs):
         raise service.ServiceError("the Prefect API at http://127.0.0.1:1/api did not answer")

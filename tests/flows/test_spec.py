@@ -152,7 +152,7 @@ def test_bundled_demo_specs_parse(name):
 
 
 def test_sets_too_small_for_the_accuracy_gate_are_refused_with_the_items_needed(tmp_path):
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
 
     small = write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
                        evalsets=[{"name": "math", "limit": 10}])

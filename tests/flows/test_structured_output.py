@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import flows.acceptance as acceptance
+import flows.tasks as tasks
 from evalsets.runner import run_evalset
 from evalsets.spec import EvalSetSpec
 from evalsets.structured import (
@@ -143,13 +143,13 @@ def test_every_load_request_of_the_stage_carries_the_schema(tmp_path):
 
 def test_only_the_stage_side_of_paired_rounds_adds_the_fields(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(acceptance, "run_paired_load",
+    monkeypatch.setattr(tasks, "run_paired_load",
                         lambda stage, reference, *args, **kwargs: seen.update(
                             stage=stage, reference=reference) or (None, None))
     facts = type("Facts", (), {"base_url": "http://s", "model": "m", "command_line": lambda s: "",
                            "pid": None})
     body = {"response_format": {"type": "json_schema"}}
-    acceptance.measure_paired_load.fn(facts(), facts(), plan(load_spec(structured_spec(tmp_path)))[1],
+    tasks.measure_paired_load.fn(facts(), facts(), plan(load_spec(structured_spec(tmp_path)))[1],
                                       LOAD, tmp_path, None, body)
     assert seen["stage"].request_body == body and seen["reference"].request_body is None
 
@@ -185,14 +185,14 @@ def test_the_flow_asks_the_quality_and_load_runs_with_the_stage_options(tmp_path
     spec = load_spec(structured_spec(tmp_path))
     parent, stage = plan(spec)[1:]
     asked = {}
-    monkeypatch.setattr(acceptance, "run_quality",
+    monkeypatch.setattr(tasks, "run_quality",
                         lambda *args, **kwargs: asked.setdefault("quality", []).append(kwargs))
-    monkeypatch.setattr(acceptance, "run_load",
+    monkeypatch.setattr(tasks, "run_load",
                         lambda *args, **kwargs: asked.setdefault("load", []).append(kwargs))
     facts = type("Facts", (), {"base_url": "http://s", "model": "m", "max_model_len": 2048})()
     settings = type("Settings", (), {"num_concurrent": 1})()
     for served in (parent, stage):
-        acceptance.measure_quality.fn(facts, served, spec, tmp_path, settings)
-        acceptance.measure_load.fn(facts, LOAD, tmp_path, None, served.load_body or None)
+        tasks.measure_quality.fn(facts, served, spec, tmp_path, settings)
+        tasks.measure_load.fn(facts, LOAD, tmp_path, None, served.load_body or None)
     assert [k["structured_output"] for k in asked["quality"]] == [False, True]
     assert [k["request_body"] for k in asked["load"]] == [None, stage.load_body]

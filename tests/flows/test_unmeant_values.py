@@ -182,7 +182,7 @@ def validate(tmp_path: Path, spec: dict):
 @pytest.mark.parametrize("change, expected", [case[1:] for case in CASES],
                          ids=[case[0] for case in CASES])
 def test_validate_refuses_what_cannot_be_meant_in_one_line(tmp_path, monkeypatch, change, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     change(spec, tmp_path)
     result = validate(tmp_path, spec)
@@ -218,7 +218,7 @@ def test_the_shipped_policy_profiles_and_specs_still_load():
 
 def test_the_good_user_set_of_the_table_reaches_the_power_check(tmp_path, monkeypatch):
     """The user-set rows above are fine apart from the one damage each case makes."""
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     spec = base_spec(tmp_path)
     user_set(NUMERIC)(spec, tmp_path)
     result = validate(tmp_path, spec)

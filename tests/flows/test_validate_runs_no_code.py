@@ -40,7 +40,7 @@ def validate(tmp_path: Path):
 
 
 def test_validate_imports_no_code_of_a_user_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     _, marker = user_set(tmp_path)
     result, _ = validate(tmp_path)
     assert result.exit_code == 0, result.output
@@ -48,9 +48,9 @@ def test_validate_imports_no_code_of_a_user_folder(tmp_path, monkeypatch):
 
 
 def test_a_run_still_imports_the_folders_row_check(tmp_path, monkeypatch):
-    from flows.acceptance import Prepared
+    from flows.preflight import Prepared
 
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     _, marker = user_set(tmp_path)
     Prepared(tmp_path / "spec.yaml", run_checks=True)
     assert marker.read_text() == "imported"
@@ -72,7 +72,7 @@ def test_a_run_still_imports_the_folders_row_check(tmp_path, monkeypatch):
      "{folder}/grading.py does not parse as Python (line"),
 ])
 def test_a_broken_code_reference_is_one_line(tmp_path, monkeypatch, file, old, new, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     folder, marker = user_set(tmp_path)
     path = folder / file
     assert old in path.read_text()
@@ -99,7 +99,7 @@ def test_an_installed_module_is_found_without_importing_it(tmp_path):
     ("include: task.yaml\n", "base.yaml: include 'task.yaml' includes itself again (a cycle)"),
 ], ids=["a function of an included file", "an include cycle"])
 def test_included_task_files_are_read_as_data_too(tmp_path, monkeypatch, included, expected):
-    monkeypatch.setattr("flows.acceptance.cpu_flags", lambda: AVX512)
+    monkeypatch.setattr("flows.preflight.cpu_flags", lambda: AVX512)
     folder, marker = user_set(tmp_path)
     (folder / "base.yaml").write_text(included)
     task = folder / "task.yaml"

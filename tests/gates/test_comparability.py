@@ -173,7 +173,7 @@ def test_profile_hash_covers_the_prompt_source_content():
 def test_the_flow_records_what_the_stage_was_asked(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from flows.acceptance import asked as recorded
+    from flows.stage import asked as recorded
     from load.profile import load_profile
     from tests.flows.test_cache import spec
 

@@ -4,7 +4,7 @@ is judged, gated and shown without touching the checks, the report or the templa
 from __future__ import annotations
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from gates import rules
 from gates.decide import decide
@@ -69,12 +69,15 @@ def test_a_rule_added_as_one_module_is_judged_and_shown(plugged, tmp_path):
     assert "(fail)" in next(line for line in md.splitlines() if line.startswith("| a8 |"))
 
 
-def test_a_plug_in_s_settings_are_checked_when_the_policy_loads(plugged):
-    with pytest.raises(ValidationError, match=r"rules.empty_answers.max_increase: Input should "
-                                              r"be less than or equal to 1"):
-        GatePolicy.model_validate({"rules": {"empty_answers": {"max_increase": 2}}})
-    with pytest.raises(ValidationError, match=r"rules.empty_answer: .*did you mean "
-                                              r"'empty_answers'"):
-        GatePolicy.model_validate({"rules": {"empty_answer": {}}})
+def test_a_plug_in_s_settings_are_checked_by_name_and_field(plugged):
+    from infra.errors import SpecError
+
+    wrong = GatePolicy.model_validate({"rules": {"empty_answers": {"max_increase": 2}}})
+    with pytest.raises(SpecError, match=r"team.yaml: rules.empty_answers.max_increase: Input "
+                                        r"should be less than or equal to 1"):
+        rules.check_settings(wrong, "team.yaml")
+    with pytest.raises(SpecError, match=r"rules.empty_answer: .*did you mean 'empty_answers'"):
+        rules.check_settings(GatePolicy.model_validate({"rules": {"empty_answer": {}}}))
+    rules.check_settings(GatePolicy.model_validate({"rules": {"empty_answers": {}}}))
     # A policy without plug-in settings dumps as before (its hash in stored verdicts holds).
     assert "rules" not in GatePolicy().model_dump()

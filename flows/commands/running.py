@@ -1,0 +1,105 @@
+"""Checking a spec and running its acceptance here: `validate`, `run`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from flows.commands.shared import console, fail, print_verdict
+from infra.errors import QuantgateError
+from infra.quiet import QUIET_ENV
+
+app = typer.Typer()
+
+
+@app.command()
+def validate(spec: Path) -> None:
+    """Check a spec, its stages' axes, eval sets, load profile and gate policy; run nothing."""
+    from flows.preflight import Prepared
+    from flows.settings import check_writable, load_settings
+    from infra.vllm_engine import port_free
+
+    try:
+        prepared = Prepared(spec)
+        engine = prepared.spec.engine
+        if engine.kind == "vllm" and engine.port is not None and not port_free(engine.host,
+                                                                                engine.port):
+            fail(f"engine.port {engine.port} on {engine.host} is already in use: stop what holds "
+                 "it, choose another engine.port, or leave engine.port unset (a free port per "
+                 "engine)")
+        check_writable(load_settings())
+    except QuantgateError as err:
+        fail(str(err))
+    table = Table(title=f"{prepared.spec.candidate}: valid")
+    for column in ("stage", "kind", "parent", "weights", "activations", "kv_cache", "checkpoint"):
+        table.add_column(column, overflow="fold")
+    for stage in prepared.stages:
+        table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
+                      stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
+    console.print(table)
+    from evalsets.lmeval_task import check_data
+
+    for evalset in prepared.spec.evalsets:  # where each named lm-eval task's data were found
+        if evalset.lm_eval is not None:
+            console.print(escape(check_data(evalset).line(evalset.name)), highlight=False)
+    for plan in prepared.power:
+        console.print(f"accuracy gate, {escape(plan.describe(prepared.policy.quality.power))}")
+    for whole in prepared.decision_power:
+        console.print(f"power, {escape(whole.describe(prepared.policy.quality.power))}")
+    for line in prepared.placement.describe() if prepared.placement else ():
+        console.print(f"placement: {escape(line)}")
+
+
+@app.command()
+def run(
+    spec: Path,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Measure every stage again instead of reusing stored stages.")] = False,
+) -> None:
+    """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
+    os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
+    from flows.acceptance import acceptance
+    from flows.interrupt import install, restore
+    from flows.preflight import checked
+    from flows.settings import check_writable, load_settings
+
+    started, settings = time.time(), None
+    install(lambda: _kept_on_interrupt(spec, settings, started))  # from the first check on
+    try:
+        checked(spec)  # fail fast, before Prefect and any engine start
+        settings = load_settings()
+        check_writable(settings)  # not an hour in, after the engines measured
+        verdict = acceptance(str(spec), no_cache=no_cache)
+    except QuantgateError as err:
+        fail(str(err))
+    finally:
+        restore()
+    print_verdict(verdict)
+    raise typer.Exit(verdict.exit_code)
+
+
+def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
+    """The interrupted run's last line: what stopped, what was kept, how to resume."""
+    import json
+
+    if settings is None:
+        return (f"`quantgate run {spec}` stopped while its spec was checked, before any engine "
+                "started; nothing was measured; run the same command again to start")
+    results = settings.results_dir.resolve()
+    done = []
+    for path in sorted(results.glob("*/*/stage.json")):
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_mtime >= started and json.loads(path.read_text()).get("error") is None:
+                done.append(path.parent.name)  # measured by this run, and so in the stage cache
+    kept = (f"measured stage(s) {', '.join(done)} kept in the stage cache "
+            f"{settings.stage_cache_dir}" if done else "no stage had finished")
+    return (f"`quantgate run {spec}` stopped and its engines with it; {kept}; partial results "
+            f"under {results}; run the same command again to resume (stored stages are reused, "
+            "not measured again)")
