@@ -59,7 +59,7 @@ class Sampling(BaseModel):
         value = {key: getattr(self, key) if getattr(self, key) is not None else default
                  for key, default in UNSET_DEFAULTS.items()}
         settings = {"do_sample": True, "temperature": value["temperature"],
-                    "top_p": value["top_p"], "samples": self.samples}
+                    "top_p": value["top_p"], "samples": self.samples, "seed": self.seed}
         return settings | ({"top_k": value["top_k"]} if value["top_k"] else {})
 
     def seeds(self) -> list[int]:
@@ -80,7 +80,8 @@ def maker_settings(checkpoint: Path) -> dict[str, Any]:
 
 
 def request_kwargs(generation: dict[str, Any], seed: int) -> dict[str, Any]:
-    """One sample's generation kwargs: the set's, its seed, without quantgate's own `samples`."""
+    """One sample's generation kwargs: the set's, with the sample's own seed in place of the
+    set's first one, without quantgate's own `samples`."""
     return {key: value for key, value in generation.items() if key != "samples"} | {"seed": seed}
 
 

@@ -37,7 +37,7 @@ def test_settings_left_out_come_from_the_checkpoint_s_generation_config(tmp_path
     bare = Sampling().resolved(tmp_path / "none")
     assert (bare.samples, bare.temperature, bare.top_p, bare.top_k) == (4, 1.0, 1.0, 0)
     assert bare.generation_kwargs() == {"do_sample": True, "temperature": 1.0, "top_p": 1.0,
-                                        "samples": 4}
+                                        "samples": 4, "seed": 0}
     assert resolved.seeds() == [0, 1, 2]
 
 
