@@ -1,20 +1,21 @@
 """Gate rules as plug-ins: one module per rule, holding its checks, its report cells and (for a
 rule added later) its own policy settings.
 
-`gates.checks` runs every registered rule in the order of RULE_MODULES, and the report's headline
+`gates.checks` runs every rule module of this package in the rules' `order`, and the report's headline
 table takes one column per cell a rule declares, so neither lists the rules again. The built-in
 rules keep their settings in their sections of the policy (`quality`, `divergence`, `length`, ...,
 gates/policy.py); a rule added later declares a pydantic `settings` model and reads its section
 under `rules: {<name>: ...}` of the policy YAML, validated when a run or a re-gate loads it
 (`check_settings`: the policy is a part the rules depend on, not the other way round).
 
-Adding a rule: a module here that subclasses `Rule` and calls `register`, its name in
-RULE_MODULES, its settings in the YAML, and tests.
+Adding a rule is one module here (a `Rule` subclass with its `order`, passed to `register`),
+its settings in the YAML, and tests.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,9 +27,10 @@ if TYPE_CHECKING:  # the rules are imported by name (registered()), not at impor
     from gates.record import StageRecord
     from gates.verdict import Check, StageVerdict
 
-# In check order: asked the same way first (the other rules mean nothing otherwise), engine last.
-RULE_MODULES = ("comparability", "accuracy", "divergence", "perplexity", "latency", "length",
-                "engine")
+# The built-in rules' check order: asked the same way first (the other rules mean nothing
+# otherwise), then quality, divergence, perplexity, latency, length; what it bought last. A rule
+# added later takes ADDED unless it says otherwise: after the built-in gated rules.
+ADDED = 100
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Rule:
     """A gate rule: `checks` judges a stage; `cells` fills the report's columns from its checks."""
 
     name: ClassVar[str]
+    order: ClassVar[int] = ADDED
     columns: ClassVar[tuple[Column, ...]] = ()
     settings: ClassVar[type[BaseModel] | None] = None  # a plug-in rule's policy section
 
@@ -82,10 +85,10 @@ def register(rule: Rule) -> Rule:
 
 
 def registered() -> list[Rule]:
-    """Every rule, in check order (its module imported on first use)."""
-    for module in RULE_MODULES:
-        importlib.import_module(f"{__name__}.{module}")
-    return list(_REGISTRY.values())
+    """Every rule of the package's modules (imported on first use), in check order."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return sorted(_REGISTRY.values(), key=lambda rule: rule.order)
 
 
 def columns() -> list[Column]:

@@ -9,6 +9,7 @@ from gates.verdict import Check, StageVerdict
 
 class Accuracy(Rule):
     name = "quality"
+    order = 20
 
     def checks(self, context: Context) -> list[Check]:
         return quality_checks(context.stage, context.parent, context.baseline, context.policy)

@@ -9,6 +9,7 @@ from gates.verdict import Check
 
 class Comparability(Rule):
     name = "comparability"
+    order = 10
 
     def checks(self, context: Context) -> list[Check]:
         return [comparability_check(context.stage, context.baseline)]

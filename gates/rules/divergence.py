@@ -9,6 +9,7 @@ from gates.verdict import Check, StageVerdict
 
 class Divergence(Rule):
     name = "divergence"
+    order = 30
     columns = (Column("kl", "KL (nats)", 10), Column("top1", "top-1", 20))
 
     def checks(self, context: Context) -> list[Check]:

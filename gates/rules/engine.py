@@ -35,6 +35,7 @@ def _shown(x: float | None) -> str:
 
 class Engine(Rule):
     name = "engine"
+    order = 200
     columns = (Column("bought", "bought", 90, gated=False),)
 
     def checks(self, context: Context) -> list[Check]:

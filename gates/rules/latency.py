@@ -9,6 +9,7 @@ from gates.verdict import Check, StageVerdict
 
 class Latency(Rule):
     name = "latency"
+    order = 50
     columns = (Column("tpot", "TPOT", 50),)
 
     def checks(self, context: Context) -> list[Check]:

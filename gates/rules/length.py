@@ -11,6 +11,7 @@ from gates.verdict import Check, StageVerdict
 
 class Length(Rule):
     name = "length"
+    order = 60
     columns = (Column("length", "length", 40),)
 
     def checks(self, context: Context) -> list[Check]:

@@ -9,6 +9,7 @@ from gates.verdict import Check, StageVerdict
 
 class Perplexity(Rule):
     name = "perplexity"
+    order = 40
     columns = (Column("perplexity", "perplexity", 30),)
 
     def checks(self, context: Context) -> list[Check]:
