@@ -380,8 +380,6 @@ def run_evalset(
         tokenizing |= loglikelihood_model_args(config, tokenizer_dir)
     from evalsets import lmeval_task
 
-    # A named lm-eval task reads its data from the local cache or folder only, never the Hub.
-    data_access = lmeval_task.offline() if spec.lm_eval else contextlib.nullcontext()
     folder = out_dir / (f"{spec.name}-from{start}" if start else spec.name)
     # A sampled set: k runs, sample j of every item with seed + j (evalsets.sampling).
     seeds: list[int | None] = spec.sampling.seeds() if spec.sampling else [None]
@@ -402,10 +400,11 @@ def run_evalset(
             timeout=timeout_s,
             **tokenizing,
         )
-        with data_access:
-            samples = _evaluate(lm, asked, spec, root, limit, apply_chat_template)
-        _save_raw(samples, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
-        samples = samples["samples"][config["task"]]
+        # A named lm-eval task reads its data from the local cache or folder only, never the Hub.
+        with lmeval_task.offline() if spec.lm_eval else contextlib.nullcontext():
+            results = _evaluate(lm, asked, spec, root, limit, apply_chat_template)
+        _save_raw(results, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
+        samples = results["samples"][config["task"]]
         if spec.lm_eval is not None:  # one filter's samples, each named by lm-eval's doc identity
             samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config),
                                              start)

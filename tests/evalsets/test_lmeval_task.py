@@ -198,3 +198,12 @@ def test_a_task_whose_own_code_needs_the_hub_is_refused_in_one_line(monkeypatch)
     assert re.fullmatch(r"lm_eval: task 'humaneval': its config \(\S+/humaneval\.yaml\) cannot be "
                         r"loaded offline: FileNotFoundError: Couldn't find a module script at "
                         r"code_eval/code_eval\.py\.", str(err.value))
+
+
+def test_a_named_task_can_be_sampled_each_pass_offline(tmp_path):
+    spec = EvalSetSpec.model_validate({"lm_eval": "gsm8k", "num_fewshot": 0, "limit": 4,
+                                       "data": str(gsm8k(tmp_path / "gsm", n=6)),
+                                       "sampling": {"samples": 2, "temperature": 0.6}})
+    task, fake = run(spec, "#### 4", tmp_path / "out")
+    assert sorted({body["seed"] for body in fake.requests}) == [0, 1]
+    assert all(item.samples is not None and len(item.samples) == 2 for item in task.items)
