@@ -17,6 +17,7 @@ from tests.flows.checkpoints import make_checkpoint
 SPEC = """
 candidate: c
 baseline: {{checkpoint: {base}}}
+engine: {{extra_args: ["--api-key", "planted-secret-key-0123456789"]}}
 stages: [{{name: c1, kind: control}}]
 evalsets: [{{name: math, limit: 20}}, {{name: long_context, limit: 20}}]
 load_profile: ci
@@ -33,6 +34,8 @@ def test_the_inputs_round_trip_and_hold_every_set_s_prompts(tmp_path):
     kept = RunInputs.read(tmp_path / "run")
     assert kept.load_profile.prompt_tokens == 77 and kept.load_profile_name == "ci"
     assert [s["name"] for s in kept.spec["evalsets"]] == ["math", "long_context"]
+    # The engine's key is masked, as in every other file of the run.
+    assert "planted-secret-key" not in (tmp_path / "run" / "inputs" / "run.json").read_text()
     math = stored_prompts(tmp_path / "run", "math")
     assert len(math) > 1000 and all(text.strip() for text in math.values())
     assert stored_prompts(tmp_path / "run", "nonexistent") == {}
