@@ -6,10 +6,13 @@ import base64
 import json
 import zlib
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
+
+from infra.stored import Stored
 
 # Each set's lm-eval samples log in its quality folder: evalsets.runner writes it, the scoring
 # corpus (evalsets.token_corpus) reads the baseline's answers from it.
@@ -129,8 +132,10 @@ _DTYPES = {"kl": "f4", "top1_agree": "u1", "nll_diff_vs_baseline": "f4",
            "nll_diff_vs_parent": "f4"}
 
 
-class QualityResult(BaseModel):
+class QualityResult(Stored):
     """All quality results of one stage."""
+
+    FILE: ClassVar[str] = "quality.json"
 
     tasks: dict[str, TaskQuality] = Field(default_factory=dict)
     perplexity: float | None = Field(default=None, description="Token perplexity on the local corpus.")
@@ -165,15 +170,11 @@ class QualityResult(BaseModel):
     )
 
     def save(self, folder: Path) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "quality.json"
-        path.write_text(self.model_dump_json(indent=1))
+        """quality.json, and each set's items one per line beside it (for people and pandas:
+        the record is quality.json)."""
+        path = super().save(folder)
         for name, task in self.tasks.items():
             with (folder / f"samples_{name}.jsonl").open("w") as out:
                 for item in task.items:
                     out.write(json.dumps(item.model_dump()) + "\n")
         return path
-
-    @classmethod
-    def read(cls, folder: Path) -> QualityResult:
-        return cls.model_validate_json((folder / "quality.json").read_text())

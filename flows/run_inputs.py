@@ -27,7 +27,7 @@ def keep_inputs(results_dir: Path, spec: Spec, profile: LoadProfile) -> Path:
             log.info("inputs: no prompts kept for %s: %s", evalset.name, err)
     inputs = RunInputs(spec=_redacted(spec.model_dump(mode="json")), load_profile=profile,
                        load_profile_name=spec.load_profile)
-    return inputs.save(results_dir, prompts)
+    return inputs.keep(results_dir, prompts)
 
 
 def _redacted(value: Any) -> Any:

@@ -2,80 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from gates.comparability import Comparability
 from infra.engine import EngineFacts
-from infra.errors import QuantgateError
+from infra.stored import Stored, StoredRecordError, stored_object, validated
 from load.results import LoadResult, PairedLoad
 
-# The layout of stage.json and manifest.json. Bump it when a change would make an older
-# quantgate misread a record; records written before the field existed are layout 1.
-SCHEMA_VERSION = 1
+# The layout of stage.json: 2 keeps the stage's results in their own files (quality/quality.json,
+# load/load.json, load/paired.json), each stored once; layout 1 embedded them. Bump it when a
+# change would make an older quantgate misread a record.
+SCHEMA_VERSION = 2
 # The names a spec allows (flows/spec.py Spec.candidate, StageSpec.name): a stored name outside
 # them was not written by quantgate.
 CANDIDATE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 STAGE_NAME = r"[a-z0-9][a-z0-9_-]*"
 STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "weights_activations", "control",
                "structured_output")
-
-Record = TypeVar("Record", bound=BaseModel)
-
-
-class StoredRecordError(QuantgateError):
-    """A stored record (stage.json, manifest.json) is missing, damaged or of another layout."""
-
-
-def read_record(path: Path, model: type[Record]) -> Record:
-    """A stored record, refused with the file, the version found and what to do when it is not
-    one this quantgate can read: a record misread is a verdict on numbers nobody measured."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as err:
-        raise StoredRecordError(f"{path}: missing; the results folder is incomplete: re-run "
-                                "the acceptance") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise StoredRecordError(f"{path}: cannot be read ({err}); the results folder is "
-                                "damaged: re-run the acceptance") from err
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise StoredRecordError(f"{path}: not valid JSON ({err}); the results folder is damaged: "
-                                "re-run the acceptance") from err
-    if not isinstance(data, dict):
-        raise StoredRecordError(f"{path}: expected a JSON object, got {type(data).__name__}; the "
-                                "results folder is damaged: re-run the acceptance")
-    version = data.get("schema_version", 1)  # written before the field existed: layout 1
-    if type(version) is not int or version < 1:
-        raise StoredRecordError(f"{path}: unknown schema version {version!r} (this quantgate "
-                                f"reads {SCHEMA_VERSION}); the record is damaged: re-run the "
-                                "acceptance")
-    if version > SCHEMA_VERSION:
-        raise StoredRecordError(f"{path}: written by a newer quantgate (schema {version}, this "
-                                f"one reads {SCHEMA_VERSION}): upgrade quantgate to gate it")
-    try:
-        record = model.model_validate(data)
-    except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
-                             for e in err.errors()[:3])
-        raise StoredRecordError(f"{path}: schema {version} but not a valid {model.__name__} "
-                                f"({problems}); damaged or older layout: re-run, or re-gate with "
-                                "the quantgate that wrote it") from err
-    # quantgate writes every field, null or not: a field the verdict reads that is absent was
-    # taken out, and its default in its place would judge what was never stored.
-    absent = [name for name in getattr(model, "VERDICT_FIELDS", ()) if name not in data]
-    if absent:
-        raise StoredRecordError(f"{path}: schema {version} record without "
-                                f"{', '.join(map(repr, absent))}, which every {model.__name__} of "
-                                "this layout carries (null where nothing was measured) and the "
-                                "verdict reads; the record was edited or damaged: re-run the "
-                                "acceptance")
-    return record
+# A stage's results, each in its own file under the stage folder: field -> (subfolder, model).
+RESULTS: dict[str, tuple[str, type[Stored]]] = {
+    "quality": ("quality", QualityResult), "load": ("load", LoadResult),
+    "paired_load": ("load", PairedLoad)}
 
 
 class SetTiming(BaseModel):
@@ -109,7 +60,11 @@ class StageTimings(BaseModel):
         return max(0.0, self.wall_s - (self.startup_s or 0.0) - self.busy_s)
 
 
-class StageRecord(BaseModel):
+class StageRecord(Stored):
+    """A stage as stored: stage.json, and its results in their own files (RESULTS)."""
+
+    FILE: ClassVar[str] = "stage.json"
+    LAYOUT: ClassVar[int] = SCHEMA_VERSION
     # Fields with a default that the verdict reads: a stored record must carry them (as null
     # where nothing was measured), else `emulated` or `error` taken out would judge by defaults.
     VERDICT_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -149,14 +104,34 @@ class StageRecord(BaseModel):
         "first-look items per set, load profile hash: what the comparability rule compares. "
         "None in records stored before it was kept (their item ids are still compared).")
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Path) -> Path:
+        """stage.json, and each result in its own file: stored once, where its stage wrote it."""
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "stage.json").write_text(self.model_dump_json(indent=1))
+        for name, (sub, _) in RESULTS.items():
+            result = getattr(self, name)
+            if result is not None:
+                result.save(folder / sub)
+        return super().save(folder)
+
+    def stored_data(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json", exclude=set(RESULTS)) | {"schema_version": self.LAYOUT}
+        return data | {"results": {name: None if getattr(self, name) is None
+                                   else f"{sub}/{model.FILE}"
+                                   for name, (sub, model) in RESULTS.items()}}
 
     @classmethod
     def read(cls, folder: Path) -> StageRecord:
-        path = folder / "stage.json"
-        record = read_record(path, cls)
+        path = folder / cls.FILE
+        data, version = stored_object(path, cls.LAYOUT)
+        if version == 1:  # its results embedded
+            record = validated(path, data, version, cls)
+        else:
+            results = _result_files(path, data.pop("results", None))
+            record = validated(path, data, version, cls, verdict_fields=tuple(
+                name for name in cls.VERDICT_FIELDS if name not in RESULTS))
+            for name, (sub, model) in RESULTS.items():
+                if results[name] is not None:
+                    setattr(record, name, model.read(folder / sub))
         if record.comparability is None and record.error is None:
             # Every stage this layout measured records what it was served: a null here would
             # skip the comparability rule as "not recorded", a pass nobody checked.
@@ -168,10 +143,25 @@ class StageRecord(BaseModel):
         return record
 
 
-class RunManifest(BaseModel):
+def _result_files(path: Path, results: object) -> dict[str, str | None]:
+    """stage.json's `results`: for each result, its file in the stage folder or null (not
+    measured); anything else (a result left out, another file, a path out of the folder) is not
+    what quantgate writes."""
+    expected = {name: f"{sub}/{model.FILE}" for name, (sub, model) in RESULTS.items()}
+    if not isinstance(results, dict) or set(results) != set(expected) or any(
+            value is not None and value != expected[name] for name, value in results.items()):
+        raise StoredRecordError(
+            f"{path}: 'results' is {results!r:.200}, not each result's file or null "
+            f"({', '.join(f'{n}: {f}' for n, f in expected.items())}); the record was edited or "
+            "damaged: re-run the acceptance")
+    return results
+
+
+class RunManifest(Stored):
     """The results folder's index: which candidate, which stages in run order."""
 
-    schema_version: int = Field(default=SCHEMA_VERSION, description="Layout of manifest.json.")
+    FILE: ClassVar[str] = "manifest.json"
+    schema_version: int = Field(default=1, description="Layout of manifest.json.")
     candidate: str
     stages: list[str]
     spec_path: str | None = None
@@ -188,14 +178,6 @@ class RunManifest(BaseModel):
     placement: dict | None = Field(
         default=None, description="Where the CUDA engines went (infra/placement.py): GPUs and "
         "memory share per engine role; None off CUDA.")
-
-    def save(self, results_dir: Path) -> None:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        (results_dir / "manifest.json").write_text(self.model_dump_json(indent=1))
-
-    @classmethod
-    def read(cls, results_dir: Path) -> RunManifest:
-        return read_record(results_dir / "manifest.json", cls)
 
 
 def paired_items(first: TaskQuality, second: TaskQuality | None) -> list[tuple[QualityItem, QualityItem]]:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
 from infra.cores import CorePlan, format_cores
+from infra.stored import Stored
 
 # Figures that get a confidence interval across repeats: LoadSummary has `<name>_ci` for each
 # (percentile fields keep their unit last: ttft_p50_ms -> ttft_p50_ci_ms).
@@ -129,8 +129,10 @@ class CapacityStep(BaseModel):
         "(more misses than the target allows), so it failed without running out the window.")
 
 
-class LoadResult(BaseModel):
+class LoadResult(Stored):
     """Load results of one stage: a summary per level plus the raw samples."""
+
+    FILE: ClassVar[str] = "load.json"
 
     summaries: dict[str, LoadSummary] = Field(default_factory=dict)
     samples: dict[str, list[LoadSample]] = Field(default_factory=dict)
@@ -178,15 +180,6 @@ class LoadResult(BaseModel):
         rows = [s.model_dump() | {"tpot_ms": s.tpot_ms} for s in self.samples.get(level, [])]
         return pd.DataFrame(rows)
 
-    def save(self, folder: Path) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "load.json"
-        path.write_text(self.model_dump_json(indent=1))
-        return path
-
-    @classmethod
-    def read(cls, folder: Path) -> LoadResult:
-        return cls.model_validate_json((folder / "load.json").read_text())
 
 
 def _cores(text: str) -> str:
@@ -222,13 +215,14 @@ class PairedRound(BaseModel):
         return math.log(mine / theirs) if mine and theirs else None
 
 
-class PairedLoad(BaseModel):
+class PairedLoad(Stored):
     """A stage timed against its reference in interleaved rounds, both engines up at once.
 
     Run-to-run drift (the main noise on a shared machine) hits both sides of a round alike, so
     the gates judge the per-round log ratios, not requests pooled across runs.
     """
 
+    FILE: ClassVar[str] = "paired.json"
     reference: str = Field(description="Stage name of the reference: nearest really-served ancestor.")
     reference_command: str | None = Field(
         default=None, description="The reference engine's command line, as it was started."
@@ -249,12 +243,3 @@ class PairedLoad(BaseModel):
         ratios = (r.log_ratio(metric) for r in self.rounds.get(level, []))
         return [x for x in ratios if x is not None]
 
-    def save(self, folder: Path) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "paired.json"
-        path.write_text(self.model_dump_json(indent=1))
-        return path
-
-    @classmethod
-    def read(cls, folder: Path) -> PairedLoad:
-        return cls.model_validate_json((folder / "paired.json").read_text())

@@ -77,7 +77,7 @@ def _run_prompts(results_dir: Path):
     from gates.run_inputs import RunInputs, stored_prompts
 
     try:
-        kept = RunInputs.read(results_dir)
+        kept = RunInputs.kept(results_dir)
     except QuantgateError as err:
         fail(str(err))
     if kept is None:

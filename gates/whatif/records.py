@@ -90,7 +90,7 @@ def run_profile(results_dir: Path) -> tuple[LoadProfile, str]:
     (QuantgateError when the spec or profile is gone)."""
     from gates.run_inputs import RunInputs
 
-    kept = RunInputs.read(results_dir)
+    kept = RunInputs.kept(results_dir)
     if kept is not None:
         return kept.load_profile, f"load profile {kept.load_profile_name}"
     spec_path = RunManifest.read(results_dir).spec_path

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, free_port, quantgate
+from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, free_port, quantgate, stored_records
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,7 @@ def run(tmp_path_factory, prefect_api):
     result = quantgate("run", str(path), cwd=folder, prefect_api=prefect_api)
     print(result.stdout[-4000:], result.stderr[-4000:])
     results = next((folder / "runs").glob("e2e-*"))
-    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    records = stored_records(results)
     return folder, result, json.loads((results / "verdict.json").read_text()), records
 
 

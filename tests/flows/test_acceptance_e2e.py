@@ -69,13 +69,21 @@ def mlflow_runs(folder: Path):
     return mlflow.search_runs(experiment_names=["quantgate"])
 
 
+def stored_records(results: Path) -> dict[str, dict]:
+    """Each stage's record as the gates read it (stage.json and its results' own files), as JSON."""
+    from gates.record import StageRecord
+
+    return {p.parent.name: StageRecord.read(p.parent).model_dump(mode="json")
+            for p in results.glob("*/stage.json")}
+
+
 def run_spec(tmp_path_factory, name: str, stages: list[dict], **engine):
     folder = tmp_path_factory.mktemp(name)
     result = quantgate("run", str(write_spec(folder, stages, free_port(), **engine)), cwd=folder)
     print(result.stdout[-4000:], result.stderr[-4000:])
     results = next((folder / "runs").glob("e2e-*"))
     verdict = json.loads((results / "verdict.json").read_text())
-    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    records = stored_records(results)
     return folder, result, verdict, records
 
 
@@ -267,7 +275,7 @@ def run_record(folder: Path) -> tuple[dict, dict, dict]:
     results = next((folder / "runs").glob("e2e-*"))
     manifest = json.loads((results / "manifest.json").read_text())
     verdict = json.loads((results / "verdict.json").read_text())
-    records = {p.parent.name: json.loads(p.read_text()) for p in results.glob("*/stage.json")}
+    records = stored_records(results)
     return manifest, verdict, records
 
 

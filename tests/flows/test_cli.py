@@ -301,7 +301,7 @@ def test_gate_reports_from_the_run_folder_alone_its_spec_and_data_gone(tmp_path)
     record("w", "baseline", [0.0] + [1.0] * 29 + [0.0] * 30).save(run / "w")  # item 0 flips
     spec = tmp_path / "gone.yaml"
     RunManifest(candidate="c", stages=["baseline", "w"], spec_path=str(spec)).save(run)
-    RunInputs(spec={}, load_profile=load_profile("ci"), load_profile_name="ci").save(
+    RunInputs(spec={}, load_profile=load_profile("ci"), load_profile_name="ci").keep(
         run, {"math": {"0": "the question the run asked"}})
     result = runner.invoke(app, ["gate", str(run), "--report", str(tmp_path / "report")],
                            env={"COLUMNS": "200"})

@@ -31,7 +31,7 @@ def test_the_inputs_round_trip_and_hold_every_set_s_prompts(tmp_path):
     profile = load_profile("ci").model_copy(update={"prompt_tokens": 77})
     keep_inputs(tmp_path / "run", spec, profile)
     spec_path.unlink()  # nothing below reads it again
-    kept = RunInputs.read(tmp_path / "run")
+    kept = RunInputs.kept(tmp_path / "run")
     assert kept.load_profile.prompt_tokens == 77 and kept.load_profile_name == "ci"
     assert [s["name"] for s in kept.spec["evalsets"]] == ["math", "long_context"]
     # The engine's key is masked, as in every other file of the run.
@@ -39,7 +39,7 @@ def test_the_inputs_round_trip_and_hold_every_set_s_prompts(tmp_path):
     math = stored_prompts(tmp_path / "run", "math")
     assert len(math) > 1000 and all(text.strip() for text in math.values())
     assert stored_prompts(tmp_path / "run", "nonexistent") == {}
-    assert RunInputs.read(tmp_path / "elsewhere") is None  # a run from before inputs were kept
+    assert RunInputs.kept(tmp_path / "elsewhere") is None  # a run from before inputs were kept
 
 
 @pytest.mark.parametrize(("damage", "expected"), [
@@ -47,11 +47,11 @@ def test_the_inputs_round_trip_and_hold_every_set_s_prompts(tmp_path):
     (lambda data: {k: v for k, v in data.items() if k != "load_profile"}, "damaged"),
 ])
 def test_a_damaged_or_newer_copy_is_refused_in_one_line(tmp_path, damage, expected):
-    RunInputs(spec={}, load_profile=load_profile("ci"), load_profile_name="ci").save(tmp_path, {})
+    RunInputs(spec={}, load_profile=load_profile("ci"), load_profile_name="ci").keep(tmp_path, {})
     path = tmp_path / "inputs" / "run.json"
     path.write_text(json.dumps(damage(json.loads(path.read_text()))))
     with pytest.raises(QuantgateError, match=expected) as err:
-        RunInputs.read(tmp_path)
+        RunInputs.kept(tmp_path)
     assert str(path) in str(err.value) and "\n" not in str(err.value).split(" (")[0]
 
 
@@ -63,7 +63,7 @@ def test_the_what_if_workload_of_a_run_is_the_one_it_kept_even_with_its_spec_gon
     spec.write_text("candidate: x\nload_profile: ci\n")
     RunManifest(candidate="x", stages=["baseline"], spec_path=str(spec)).save(tmp_path / "run")
     sized = load_profile("ci").model_copy(update={"prompt_tokens": 61})
-    RunInputs(spec={}, load_profile=sized, load_profile_name="ci").save(tmp_path / "run", {})
+    RunInputs(spec={}, load_profile=sized, load_profile_name="ci").keep(tmp_path / "run", {})
     spec.unlink()
     workload, origin = run_workload(tmp_path / "run")
     assert workload.prompt_tokens == 61 and origin == "load profile ci"

@@ -178,7 +178,7 @@ def test_comparability_deleted_from_every_record_is_refused_not_a_silent_go(tmp_
     for name, _ in CHAIN:
         edit(run / name / "stage.json", lambda data: data.pop("comparability"))
     assert refused(run) == (
-        f"error: {run / 'baseline' / 'stage.json'}: schema 1 record without 'comparability', "
+        f"error: {run / 'baseline' / 'stage.json'}: schema 2 record without 'comparability', "
         "which every StageRecord of this layout carries (null where nothing was measured) and "
         "the verdict reads; the record was edited or damaged: re-run the acceptance")
 
@@ -200,14 +200,39 @@ def test_comparability_null_in_a_stage_that_did_not_finish_is_judged_a_failure(t
     assert code == 1 and "ROLLBACK" in lines[1], lines
 
 
-@pytest.mark.parametrize("field", ["emulated", "error", "facts", "quality", "load", "paired_load",
-                                   "comparability"])
+@pytest.mark.parametrize("field", ["emulated", "error", "facts", "comparability"])
 def test_every_field_the_verdict_reads_must_be_in_the_record(tmp_path, field):
     run = stored_run(tmp_path)
     edit(run / "a" / "stage.json", lambda data: data.pop(field))
     line = refused(run)
-    assert line.startswith(f"error: {run / 'a' / 'stage.json'}: schema 1 record without "
+    assert line.startswith(f"error: {run / 'a' / 'stage.json'}: schema 2 record without "
                            f"{field!r}"), line
+
+
+@pytest.mark.parametrize("change", [
+    lambda results: results.pop("quality"),  # a result left out
+    lambda results: results.update(load="../w/load/load.json"),  # another stage's file
+    lambda results: results.update(paired_load="load/load.json"),  # another result's file
+    lambda results: results.update(extra="quality/quality.json"),
+])
+def test_a_stage_s_results_are_its_own_files_or_the_record_is_refused(tmp_path, change):
+    run = stored_run(tmp_path)
+    path = run / "a" / "stage.json"
+    edit(path, lambda data: change(data["results"]))
+    assert refused(run).startswith(f"error: {path}: 'results' is ")
+
+
+def test_a_result_said_unmeasured_is_judged_unmeasured_never_a_go(tmp_path):
+    run = stored_run(tmp_path)
+    edit(run / "a" / "stage.json", lambda data: data["results"].update(quality=None))
+    code, lines = gate(run)  # its quality file is still there: the record says what was measured
+    assert code == 1 and "ROLLBACK" in lines[1], lines
+
+
+def test_a_result_file_taken_away_is_refused_not_judged_as_unmeasured(tmp_path):
+    run = stored_run(tmp_path)
+    (run / "a" / "quality" / "quality.json").unlink()
+    assert refused(run).startswith(f"error: {run / 'a' / 'quality' / 'quality.json'}: missing")
 
 
 def test_an_emulated_candidate_cannot_pass_by_losing_the_flag(tmp_path):
