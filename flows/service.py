@@ -165,19 +165,15 @@ def _mlflow_calls(tracking_uri: str) -> Iterator[None]:
     import requests
     from mlflow.exceptions import MlflowException
 
-    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(REQUEST_TIMEOUT_S)),
-              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
-    added = [name for name in bounds if name not in os.environ]  # the user's own bounds win
-    os.environ.update({name: bounds[name] for name in added})
+    from flows.tracking import bounded_http
+
     try:
-        yield
+        with bounded_http(REQUEST_TIMEOUT_S):
+            yield
     except (MlflowException, requests.RequestException) as err:
         reason = " ".join(str(err).split())[:300]
         raise ServiceError(f"the MLflow server at {tracking_uri} failed ({reason}): check that "
                            "server, then try again") from err
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
 
 
 async def _prepare_server() -> None:

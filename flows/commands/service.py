@@ -123,6 +123,7 @@ def register(
 ) -> None:
     """Register a checkpoint as a new version of MODEL: the watching service queues it."""
     from flows.registry import check_model_name, register_checkpoint
+    from flows.tracking import bounded_http
     from infra.checkpoint import read_config
 
     tags = {}
@@ -133,8 +134,9 @@ def register(
     try:
         check_model_name(model)  # what is refused is refused before a store is opened (created)
         read_config(checkpoint)
-        version = register_checkpoint(_registry_client(create=True), model, checkpoint,
-                                      tags=tags or None)
+        with bounded_http():
+            version = register_checkpoint(_registry_client(create=True), model, checkpoint,
+                                          tags=tags or None)
     except QuantgateError as err:
         fail(str(err))
     console.print(f"{model} version {version.version}: {escape(version.source)}", highlight=False)
@@ -145,10 +147,12 @@ def promote(model: str, version: str) -> None:
     """Make a model version the `champion` by hand (the old champion becomes `previous`)."""
     from flows.registry import check_model_name
     from flows.registry import promote as move
+    from flows.tracking import bounded_http
 
     try:
         check_model_name(model)
-        console.print(escape(move(_registry_client(), model, version)), highlight=False)
+        with bounded_http():
+            console.print(escape(move(_registry_client(), model, version)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
 
@@ -158,10 +162,12 @@ def rollback(model: str) -> None:
     """Give `champion` back to the `previous` version: the A/B switch in one move."""
     from flows.registry import check_model_name
     from flows.registry import rollback as move_back
+    from flows.tracking import bounded_http
 
     try:
         check_model_name(model)
-        console.print(escape(move_back(_registry_client(), model)), highlight=False)
+        with bounded_http():
+            console.print(escape(move_back(_registry_client(), model)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
 
