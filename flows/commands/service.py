@@ -75,7 +75,7 @@ def submit(
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
-    console.print(f"{run_id} {what}", highlight=False)
+    console.print(escape(f"{run_id} {what}"), highlight=False)  # `what` quotes the --key
 
 
 @app.command()
@@ -139,7 +139,7 @@ def register(
                                           tags=tags or None)
     except QuantgateError as err:
         fail(str(err))
-    console.print(f"{model} version {version.version}: {escape(version.source)}", highlight=False)
+    console.print(escape(f"{model} version {version.version}: {version.source}"), highlight=False)
 
 
 @app.command()
