@@ -81,7 +81,10 @@ def check_writable(settings: Settings) -> None:
 
 def local_tracking_folder(uri: str) -> Path | None:
     """The folder a local MLflow store writes in (sqlite file's folder, file store), else None."""
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError:  # a malformed host (http://[::1): no local folder; the probe says why
+        return None
     if parsed.scheme == "sqlite":
         # sqlite:///relative.db and sqlite:////absolute.db (SQLAlchemy's spelling)
         path = unquote(uri.removeprefix("sqlite://").split("?", 1)[0])

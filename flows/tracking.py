@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -105,13 +106,19 @@ HTTP_RETRIES = 1  # MLflow's own: 7, with a back-off that waits minutes
 DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 
 
+def scheme(uri: str) -> str:
+    """A URI's scheme, lower case; '' for a plain path. Read without parsing the rest, which
+    may be malformed (`http://[::1`): what is wrong with it is the probe's to say."""
+    head, colon, _ = uri.partition(":")
+    return head.lower() if colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else ""
+
+
 def check_store(uri: str, create: bool = False) -> None:
     """Refuse, writing nothing, a store that is not there: MLflow creates a missing sqlite file
     and its tables just by opening it, and retries a server that does not answer for minutes.
     `create`: a missing sqlite file is made (by a command that writes), in a folder that exists."""
     shown = f"{VARIABLE}={redact(uri)}"
-    scheme = urlparse(uri).scheme
-    if scheme == "sqlite":
+    if scheme(uri) == "sqlite":
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
@@ -138,17 +145,21 @@ def check_store(uri: str, create: bool = False) -> None:
 def unreachable(uri: str) -> str | None:
     """Why an MLflow server or database store does not answer, each probe bounded by
     PROBE_TIMEOUT_S (found without writing to it); None for one that answers, or a local store."""
-    scheme = urlparse(uri).scheme
-    if scheme in ("http", "https"):
+    kind = scheme(uri)
+    if kind in ("http", "https"):
         import httpx
 
+        try:
+            urlsplit(uri).port  # noqa: B018 - raises for a malformed host or port
+        except ValueError as err:
+            return f"not a URL ({err}): correct it"
         try:
             httpx.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).raise_for_status()
         except httpx.TimeoutException:
             return f"the MLflow server does not answer within {PROBE_TIMEOUT_S:g} s: start it"
         except (httpx.HTTPError, httpx.InvalidURL) as err:
             return f"the MLflow server does not answer ({type(err).__name__}): start it"
-    elif scheme.split("+")[0] in DATABASE_PORTS:
+    elif kind.split("+")[0] in DATABASE_PORTS:
         return _unreachable_database(uri)
     return None
 

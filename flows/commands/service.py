@@ -79,7 +79,8 @@ def submit(
 
 
 @app.command()
-def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 50) -> None:
+def status(limit: Annotated[int, typer.Option(min=1, help="How many runs, newest first.")] = 50,
+           ) -> None:
     """Queued, running and finished acceptances on the service, with their verdicts."""
     from flows.service import status as list_runs
     from flows.service import use_service

@@ -118,3 +118,25 @@ def test_a_server_that_stops_answering_after_its_health_check_is_given_up_on(her
         line = one_line(args, url)
     assert url in line and ("timed out" in line or "Read timed out" in line), line
     assert files(here) == set()
+
+
+@pytest.mark.parametrize(("uri", "problem"), [
+    ("http://[::1", "not a URL (Invalid IPv6 URL): correct it"),
+    ("http://127.0.0.1:99999", "not a URL (Port out of range 0-65535): correct it"),
+    (f"postgresql://mlflow:{SECRET}@[::1/db", "not a database URI ("),
+])
+@pytest.mark.parametrize("args", [["compare"], ["rollback", "m"]])
+def test_a_malformed_store_uri_is_one_line(here, uri, problem, args):
+    line = one_line(args, uri)
+    assert line.startswith(f"error: MLFLOW_TRACKING_URI={uri.replace(SECRET, '<redacted>')}: "
+                           f"{problem}"), line
+    assert files(here) == set()
+
+
+def test_a_run_is_refused_a_malformed_store_uri_before_it_starts(tmp_path):
+    from flows.settings import Settings, SettingsError, check_writable
+
+    settings = Settings(mlflow_tracking_uri="http://[::1", results_dir=tmp_path / "results",
+                        reports_dir=tmp_path / "reports", cache_dir=tmp_path / "cache")
+    with pytest.raises(SettingsError, match=r"MLFLOW_TRACKING_URI=http://\[::1: not a URL "):
+        check_writable(settings)
