@@ -124,10 +124,17 @@ def check_store(uri: str, create: bool = False) -> None:
 
         try:
             database = make_url(uri).database
-        except ArgumentError as err:
+        except (ArgumentError, ValueError) as err:
             raise StoreError(f"{shown}: not a sqlite URI ({err}); set {SETTING} to "
                              "sqlite:///<path to mlflow.db>") from err
-        if not database or database == ":memory:" or Path(database).is_file():
+        if not database or database == ":memory:":
+            return
+        path = Path(database).resolve()
+        if path.exists():
+            problem = _not_a_store(path, create)
+            if problem:
+                raise StoreError(f"{shown}: {problem}; set {SETTING} to the MLflow store "
+                                 "(sqlite:///<path to mlflow.db>)")
             return
         if not create:
             raise StoreError(f"{shown}: no MLflow store there ({Path(database).resolve()} does "
@@ -140,6 +147,28 @@ def check_store(uri: str, create: bool = False) -> None:
     problem = unreachable(uri)
     if problem:
         raise StoreError(f"{shown}: {problem}, or set {SETTING} to another store")
+
+
+def _not_a_store(path: Path, create: bool) -> str | None:
+    """Why the sqlite file at `path` is no MLflow store, read without writing to it (MLflow
+    fills an empty file or another program's database with its tables just by opening it);
+    `create`: an empty file may become one."""
+    import sqlite3
+
+    if not path.is_file():
+        return f"{path} is not a file"
+    if create and path.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as err:
+        return f"{path} is not an SQLite database ({err})"
+    if "experiments" not in tables:
+        return (f"{path} holds no MLflow store (no experiments table), and opening it would write "
+                "MLflow's tables into it")
+    return None
 
 
 def unreachable(uri: str) -> str | None:
