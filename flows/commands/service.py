@@ -85,10 +85,12 @@ def status(limit: Annotated[int, typer.Option(min=1, help="How many runs, newest
     from flows.service import status as list_runs
     from flows.service import use_service
     from flows.settings import load_settings
+    from flows.tracking import check_store
 
     try:
         settings = load_settings()
         address = use_service(settings.state_dir, probe=True)
+        check_store(address["mlflow_tracking_uri"])  # a local store from the environment
         rows = list_runs(address["mlflow_tracking_uri"], settings.mlflow_experiment, limit)
     except QuantgateError as err:
         fail(str(err))
