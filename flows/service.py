@@ -418,6 +418,14 @@ def webhook_env(state_dir: Path) -> None:
     os.environ.setdefault("MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS", "true")
 
 
+def _joined(name: str, url: str, setting: str) -> None:
+    """Refuse a server to join that is not an http(s) URL or does not answer its health check."""
+    fix = f"start it, or leave {setting.split()[0]} out to start one here"
+    if not _is_http_url(url):
+        raise ServiceError(f"{setting} {url!r} is not an http(s) URL of the {name}: {fix}")
+    _probe(name, url, "/health", f"from {setting}", fix)
+
+
 def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | None,
                 workers: int, watch: list[str], poll_s: float, webhook_port: int | None,
                 webhook_secret: str | None, log) -> None:
@@ -429,6 +437,12 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
 
     from infra.servers import MlflowServer, PrefectServer
 
+    # Servers to join must answer first: Prefect's and MLflow's clients retry one that does not
+    # for minutes, after this service has started its own servers and workers.
+    if prefect_api_url is not None:
+        _joined("Prefect API", prefect_api_url, "--prefect-api-url (or PREFECT_API_URL)")
+    if mlflow_uri is not None and mlflow_uri.startswith(("http://", "https://")):
+        _joined("MLflow server", mlflow_uri, "--mlflow-uri (or MLFLOW_TRACKING_URI)")
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     webhook_env(state_dir)
