@@ -128,6 +128,7 @@ def register(
     from flows.registry import check_model_name, register_checkpoint
     from flows.tracking import bounded_http
     from infra.checkpoint import read_config
+    from infra.errors import CheckpointError
 
     tags = {}
     if spec is not None:
@@ -136,7 +137,11 @@ def register(
         tags["quantgate.stage"] = stage
     try:
         check_model_name(model)  # what is refused is refused before a store is opened (created)
-        read_config(checkpoint)
+        try:
+            read_config(checkpoint)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}; give register the folder of a checkpoint (its "
+                                  "config.json and weight files)") from err
         with bounded_http():
             version = register_checkpoint(_registry_client(create=True), model, checkpoint,
                                           tags=tags or None)

@@ -66,7 +66,8 @@ def test_register_of_a_refused_path_writes_nothing(here, make, expected):
     checkpoint = make(here)
     before = files(here)
     line = one_line(["register", "m", str(checkpoint)])
-    assert line == f"error: checkpoint {checkpoint} {expected}", line
+    assert line == (f"error: checkpoint {checkpoint} {expected}; give register the folder of a "
+                    "checkpoint (its config.json and weight files)"), line
     assert files(here) == before
 
 
