@@ -81,9 +81,27 @@ def _mask_flag_value(match: re.Match[str]) -> str:
     listed = "," in between or between[-1] in "\"'"
     # After a flag, a digit or a sign makes a word a value, however short ("--api-key 0000").
     looks_secret = len(value) >= 20 or bool(re.search(r"[\d_\-+/=.]", value))
-    if listed or looks_secret or match["command"] is not None:
+    # A command line that goes on (another flag) or ends there; "the --api-key flag" ends prose.
+    command = match["command"] is not None and (
+        value.lower() not in _PROSE or match.string[match.end():].lstrip(" \t").startswith("-"))
+    if listed or looks_secret or command or (
+            not between.strip() and _in_command_line(match.string, match.start())):
         return f"{match['flag']}{between}{MASK}"
     return match[0]
+
+
+# A flag earlier on the line (`vllm serve m --max-model-len 512 --api-key KEY …`): the words
+# there are a command line's, not prose.
+_EARLIER_FLAG = re.compile(r"(?:^|\s)--?[a-z][\w-]*(?:=\S*)?\s+\S", re.IGNORECASE)
+
+
+_PROSE = {"flag", "option", "argument", "instead", "too", "also", "here", "there", "alone", "only",
+          "itself", "set", "unset", "given", "missing", "required"}
+
+
+def _in_command_line(text: str, at: int) -> bool:
+    line = text[text.rfind("\n", 0, at) + 1:at]
+    return bool(_EARLIER_FLAG.search(line))
 
 
 _MIN_SECRET = 6  # shorter values would mask ordinary words
