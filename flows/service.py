@@ -165,19 +165,15 @@ def _mlflow_calls(tracking_uri: str) -> Iterator[None]:
     import requests
     from mlflow.exceptions import MlflowException
 
-    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(REQUEST_TIMEOUT_S)),
-              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
-    added = [name for name in bounds if name not in os.environ]  # the user's own bounds win
-    os.environ.update({name: bounds[name] for name in added})
+    from flows.tracking import bounded_http
+
     try:
-        yield
+        with bounded_http(REQUEST_TIMEOUT_S):
+            yield
     except (MlflowException, requests.RequestException) as err:
         reason = " ".join(str(err).split())[:300]
         raise ServiceError(f"the MLflow server at {tracking_uri} failed ({reason}): check that "
                            "server, then try again") from err
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
 
 
 async def _prepare_server() -> None:
@@ -422,6 +418,14 @@ def webhook_env(state_dir: Path) -> None:
     os.environ.setdefault("MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS", "true")
 
 
+def _joined(name: str, url: str, setting: str) -> None:
+    """Refuse a server to join that is not an http(s) URL or does not answer its health check."""
+    fix = f"start it, or leave {setting.split()[0]} out to start one here"
+    if not _is_http_url(url):
+        raise ServiceError(f"{setting} {url!r} is not an http(s) URL of the {name}: {fix}")
+    _probe(name, url, "/health", f"from {setting}", fix)
+
+
 def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | None,
                 workers: int, watch: list[str], poll_s: float, webhook_port: int | None,
                 webhook_secret: str | None, log) -> None:
@@ -433,6 +437,12 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
 
     from infra.servers import MlflowServer, PrefectServer
 
+    # Servers to join must answer first: Prefect's and MLflow's clients retry one that does not
+    # for minutes, after this service has started its own servers and workers.
+    if prefect_api_url is not None:
+        _joined("Prefect API", prefect_api_url, "--prefect-api-url (or PREFECT_API_URL)")
+    if mlflow_uri is not None and mlflow_uri.startswith(("http://", "https://")):
+        _joined("MLflow server", mlflow_uri, "--mlflow-uri (or MLFLOW_TRACKING_URI)")
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     webhook_env(state_dir)

@@ -71,36 +71,20 @@ def check_writable(settings: Settings) -> None:
             shown = redact(settings.mlflow_tracking_uri) if setting.startswith("MLFLOW") else folder
             raise SettingsError(f"{setting}={shown}: cannot write there ({problem}); set "
                                 f"{setting.split()[0]} to a writable location")
-    problem = _unreachable_store(settings.mlflow_tracking_uri)
+    from flows.tracking import unreachable
+
+    problem = unreachable(settings.mlflow_tracking_uri)
     if problem:
         raise SettingsError(f"MLFLOW_TRACKING_URI={redact(settings.mlflow_tracking_uri)}: "
-                            f"{problem}; fix it or set MLFLOW_TRACKING_URI to another store")
-
-
-def _unreachable_store(uri: str) -> str | None:
-    """Why MLflow could not open a server or database store, found without writing to it."""
-    scheme = urlparse(uri).scheme
-    if scheme in ("http", "https"):
-        import httpx
-
-        try:
-            httpx.get(f"{uri.rstrip('/')}/health", timeout=5).raise_for_status()
-        except httpx.HTTPError as err:
-            return f"the MLflow server does not answer ({type(err).__name__})"
-    elif scheme.split("+")[0] in ("postgresql", "mysql", "mssql"):
-        from sqlalchemy import create_engine
-        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-        try:
-            create_engine(uri).dispose()  # imports the driver; connects only when asked
-        except (ImportError, NoSuchModuleError, ArgumentError) as err:
-            return f"its database driver cannot be loaded ({redact(str(err))})"
-    return None
+                            f"{problem}, or set MLFLOW_TRACKING_URI to another store")
 
 
 def local_tracking_folder(uri: str) -> Path | None:
     """The folder a local MLflow store writes in (sqlite file's folder, file store), else None."""
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError:  # a malformed host (http://[::1): no local folder; the probe says why
+        return None
     if parsed.scheme == "sqlite":
         # sqlite:///relative.db and sqlite:////absolute.db (SQLAlchemy's spelling)
         path = unquote(uri.removeprefix("sqlite://").split("?", 1)[0])

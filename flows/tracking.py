@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -98,22 +100,41 @@ VARIABLE = "MLFLOW_TRACKING_URI"
 SETTING = f"{VARIABLE} (or QG_MLFLOW_TRACKING_URI)"
 
 
+PROBE_TIMEOUT_S = 5.0  # a live server or database answers at once
+HTTP_TIMEOUT_S = 20.0  # each MLflow HTTP call of a command that reads (MLflow's own: 120 s)
+HTTP_RETRIES = 1  # MLflow's own: 7, with a back-off that waits minutes
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def scheme(uri: str) -> str:
+    """A URI's scheme, lower case; '' for a plain path. Read without parsing the rest, which
+    may be malformed (`http://[::1`): what is wrong with it is the probe's to say."""
+    head, colon, _ = uri.partition(":")
+    return head.lower() if colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head) else ""
+
+
 def check_store(uri: str, create: bool = False) -> None:
     """Refuse, writing nothing, a store that is not there: MLflow creates a missing sqlite file
     and its tables just by opening it, and retries a server that does not answer for minutes.
     `create`: a missing sqlite file is made (by a command that writes), in a folder that exists."""
     shown = f"{VARIABLE}={redact(uri)}"
-    scheme = urlparse(uri).scheme
-    if scheme == "sqlite":
+    if scheme(uri) == "sqlite":
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
         try:
             database = make_url(uri).database
-        except ArgumentError as err:
+        except (ArgumentError, ValueError) as err:
             raise StoreError(f"{shown}: not a sqlite URI ({err}); set {SETTING} to "
                              "sqlite:///<path to mlflow.db>") from err
-        if not database or database == ":memory:" or Path(database).is_file():
+        if not database or database == ":memory:":
+            return
+        path = Path(database).resolve()
+        if path.exists():
+            problem = _not_a_store(path, create)
+            if problem:
+                raise StoreError(f"{shown}: {problem}; set {SETTING} to the MLflow store "
+                                 "(sqlite:///<path to mlflow.db>)")
             return
         if not create:
             raise StoreError(f"{shown}: no MLflow store there ({Path(database).resolve()} does "
@@ -122,15 +143,116 @@ def check_store(uri: str, create: bool = False) -> None:
         if not Path(database).resolve().parent.is_dir():
             raise StoreError(f"{shown}: no folder {Path(database).resolve().parent} for the "
                              f"store; create it or set {SETTING} to another store")
-    elif scheme in ("http", "https"):
+        return
+    problem = unreachable(uri)
+    if problem:
+        raise StoreError(f"{shown}: {problem}, or set {SETTING} to another store")
+
+
+def _not_a_store(path: Path, create: bool) -> str | None:
+    """Why the sqlite file at `path` is no MLflow store, read without writing to it (MLflow
+    fills an empty file or another program's database with its tables just by opening it);
+    `create`: an empty file may become one."""
+    import sqlite3
+
+    if not path.is_file():
+        return f"{path} is not a file"
+    if create and path.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as err:
+        return f"{path} is not an SQLite database ({err})"
+    if "experiments" not in tables:
+        return (f"{path} holds no MLflow store (no experiments table), and opening it would write "
+                "MLflow's tables into it")
+    return None
+
+
+def unreachable(uri: str) -> str | None:
+    """Why an MLflow server or database store does not answer, each probe bounded by
+    PROBE_TIMEOUT_S (found without writing to it); None for one that answers, or a local store."""
+    kind = scheme(uri)
+    if kind in ("http", "https"):
         import httpx
 
         try:
-            httpx.get(f"{uri.rstrip('/')}/health", timeout=5).raise_for_status()
-        except httpx.HTTPError as err:
-            raise StoreError(f"{shown}: the MLflow server does not answer "
-                             f"({type(err).__name__}); start it or set {SETTING} to another "
-                             "store") from err
+            urlsplit(uri).port  # noqa: B018 - raises for a malformed host or port
+        except ValueError as err:
+            return f"not a URL ({err}): correct it"
+        try:
+            httpx.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).raise_for_status()
+        except httpx.TimeoutException:
+            return f"the MLflow server does not answer within {PROBE_TIMEOUT_S:g} s: start it"
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
+            return f"the MLflow server does not answer ({type(err).__name__}): start it"
+    elif kind.split("+")[0] in DATABASE_PORTS:
+        return _unreachable_database(uri)
+    return None
+
+
+def _unreachable_database(uri: str) -> str | None:
+    """A database store: its driver loads, its host accepts a connection, and it answers a login
+    (postgresql, mysql), each within PROBE_TIMEOUT_S: the drivers' own connect waits unbounded."""
+    import importlib.util
+    import socket
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+    from sqlalchemy.pool import NullPool
+
+    try:
+        url = make_url(uri)
+        url.get_dialect().import_dbapi()
+    except (ImportError, NoSuchModuleError) as err:  # NoSuchModuleError is an ArgumentError
+        other = (" (or name psycopg2, which is: postgresql+psycopg2://…)"
+                 if url.drivername == "postgresql" and importlib.util.find_spec("psycopg2") else "")
+        return f"its database driver cannot be loaded ({redact(str(err))}): install it{other}"
+    except (ArgumentError, ValueError) as err:
+        return f"not a database URI ({redact(str(err))}): correct it"
+    backend = url.get_backend_name()
+    host, port = url.host, url.port or DATABASE_PORTS[backend]
+    if host is None:  # a local socket: the driver's business
+        return None
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        return (f"nothing answers at {host}:{port} ({err.strerror or type(err).__name__}): start "
+                "the database")
+    if backend not in ("postgresql", "mysql"):
+        return None
+    # libpq counts connect_timeout in whole seconds, at least 2.
+    engine = create_engine(url, poolclass=NullPool,
+                           connect_args={"connect_timeout": max(2, round(PROBE_TIMEOUT_S))})
+    try:
+        with engine.connect():
+            return None
+    except DBAPIError as err:
+        reason = " ".join(str(err.orig).split())[:300]
+        return (f"the database at {host}:{port} does not let MLflow in ({redact(reason)}): check "
+                "its address, user and password")
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def bounded_http(timeout_s: float | None = None) -> Iterator[None]:
+    """MLflow HTTP calls in this block give up after `timeout_s` (default HTTP_TIMEOUT_S) and
+    HTTP_RETRIES retries (the user's own MLFLOW_HTTP_REQUEST_* settings win); the bounds end
+    with the block."""
+    timeout_s = HTTP_TIMEOUT_S if timeout_s is None else timeout_s
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, round(timeout_s))),
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(HTTP_RETRIES)}
+    added = [name for name in bounds if name not in os.environ]
+    os.environ.update({name: bounds[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def mlflow_message(err: Exception) -> str:

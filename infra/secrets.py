@@ -32,7 +32,7 @@ _URI_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)(?P<passw
 # `--api-key`, `MLFLOW_TRACKING_PASSWORD`) that starts the text or follows a space, a quote or a
 # separator: `/etc/passwd` is a path and `my-token` a folder, not settings.
 _START = r"""(?<![^\s{\[(,;&?'"])"""
-_SETTING_NAME = r"[\w.-]*(?:api[-_]?key|token|secret|passw(?:or)?d)"
+_SETTING_NAME = r"[\w.-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)"
 # "key": "value", 'key': 'value' (JSON, a dict's repr): a quoted name and a quoted value.
 _QUOTED_SETTING = re.compile(
     rf"""{_START}(?P<key>(?P<key_quote>["']){_SETTING_NAME}(?P=key_quote)\s*[=:]\s*"""
@@ -51,13 +51,15 @@ _AUTHORIZATION = re.compile(
 _BEARER = re.compile(r"""(?P<head>\bBearer\s+)(?P<value>[^\s"',;}\]]+)""", re.IGNORECASE)
 # A credential flag followed by its value as a command line, a list or its repr shows it:
 # `--api-key sk-1…`, `['--api-key', 'sk-1…']`, `"--hf-token", "hf_1…"`. The credential word is a
-# whole part of the flag's name (`--tokenizer-mode` is no token), and the value must look like a
-# credential (a digit or a sign in it, or 20 characters), so prose such as "the --api-key flag"
-# stays readable.
+# whole part of the flag's name (`--tokenizer-mode` is no token). In a list (a comma after the
+# flag) or quoted, what follows is the value, however plain; after a space it is one when it
+# looks like a credential (a digit or a sign in it, or 20 characters) or when a command line
+# goes on after it (another flag, the end of the line), so prose such as "'--api-key' belongs in
+# engine.extra_args" stays readable.
 _FLAG_VALUE = re.compile(
-    rf"""{_START}(?P<flag>--?(?:[\w]+-)*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)"""
-    r"""(?:-[\w]+)*)(?P<between>["']?\s*,?\s*["']?)(?P<value>[^\s"',\]\-][^\s"',\]]*)""",
-    re.IGNORECASE)
+    rf"""{_START}(?P<flag>--?(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?)"""
+    r"""(?:[-_][a-z0-9]+)*)(?P<between>["']?\s*,?\s*["']?)(?P<value>[^\s"'`,;\]\-][^\s"'`,;\]]*)"""
+    r"""(?P<command>(?=[ \t]*(?:$|[\r\n\])`])|[ \t]+-))?""", re.IGNORECASE)
 
 
 def _looks_secret(value: str) -> bool:
@@ -70,6 +72,36 @@ def _mask_setting(match: re.Match[str]) -> str:
     if plain or _looks_secret(match["value"]) or (match["end"] is not None and not match["key_quote"]):
         return f"{match['key']}{MASK}"
     return match[0]
+
+
+def _mask_flag_value(match: re.Match[str]) -> str:
+    between, value = match["between"], match["value"]
+    if not between or value == MASK:  # `--api-keyfile`: one word, no value
+        return match[0]
+    listed = "," in between or between[-1] in "\"'"
+    # After a flag, a digit or a sign makes a word a value, however short ("--api-key 0000").
+    looks_secret = len(value) >= 20 or bool(re.search(r"[\d_\-+/=.]", value))
+    # A command line that goes on (another flag) or ends there; "the --api-key flag" ends prose.
+    command = match["command"] is not None and (
+        value.lower() not in _PROSE or match.string[match.end():].lstrip(" \t").startswith("-"))
+    if listed or looks_secret or command or (
+            not between.strip() and _in_command_line(match.string, match.start())):
+        return f"{match['flag']}{between}{MASK}"
+    return match[0]
+
+
+# A flag earlier on the line (`vllm serve m --max-model-len 512 --api-key KEY …`): the words
+# there are a command line's, not prose.
+_EARLIER_FLAG = re.compile(r"(?:^|\s)--?[a-z][\w-]*(?:=\S*)?\s+\S", re.IGNORECASE)
+
+
+_PROSE = {"flag", "option", "argument", "instead", "too", "also", "here", "there", "alone", "only",
+          "itself", "set", "unset", "given", "missing", "required"}
+
+
+def _in_command_line(text: str, at: int) -> bool:
+    line = text[text.rfind("\n", 0, at) + 1:at]
+    return bool(_EARLIER_FLAG.search(line))
 
 
 _MIN_SECRET = 6  # shorter values would mask ordinary words
@@ -98,8 +130,7 @@ def redact(text: str) -> str:
     text = _BEARER.sub(lambda m: f"{m['head']}{MASK}" if _looks_secret(m["value"]) else m[0], text)
     text = _QUOTED_SETTING.sub(lambda m: f"{m['key']}{MASK}", text)
     text = _SETTING.sub(_mask_setting, text)
-    text = _FLAG_VALUE.sub(lambda m: f"{m['flag']}{m['between']}{MASK}"
-                           if m["between"] and _looks_secret(m["value"]) else m[0], text)
+    text = _FLAG_VALUE.sub(_mask_flag_value, text)
     for value in sorted(secret_values(), key=len, reverse=True):
         text = text.replace(value, MASK)
     return text

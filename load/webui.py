@@ -16,6 +16,7 @@ from pathlib import Path
 from infra.errors import MeasurementError
 from infra.ports import free_port
 from infra.process import LoggedProcess
+from infra.secrets import redact
 from load.launch import LOCUSTFILE, TAIL_LINES, locust_env, stop_process
 from load.profile import load_profile
 
@@ -102,7 +103,9 @@ def open_webui(
 ) -> None:
     """Start the web UI, print its URL and keep it up until Ctrl-C (the CLI's entry point)."""
     with WebUI(base_url, model, profile, out_dir, level, port) as ui:
-        print(f"Locust web UI for {base_url} ({model}, {level}: {ui.users} users): {ui.url}")
+        # A base URL may carry a user and password (http://u:pw@host): never print them.
+        print(f"Locust web UI for {redact(base_url)} ({model}, {level}: {ui.users} users): "
+              f"{ui.url}")
         print(f"raw samples: {ui.samples_path}; Ctrl-C to stop", flush=True)
         try:
             while ui.process is not None and ui.process.poll() is None:

@@ -57,7 +57,7 @@ def new_evalset(
         fail(f"{folder / 'spec-snippet.yaml'}: {err}".replace("\n", " "))
     for path in written:
         console.print(f"wrote {escape(str(path))}", highlight=False)
-    console.print(f"{entry['name']}: {rows} rows pass their contract; add the entry in "
+    console.print(f"{escape(entry['name'])}: {rows} rows pass their contract; add the entry in "
                   f"{escape(str(written[-1]))} to your spec's evalsets", highlight=False)
 
 
@@ -68,7 +68,7 @@ def prepare_demo(models_dir: Path = Path("models")) -> None:
 
     try:
         for path in prepare_demo_models(models_dir):
-            console.print(f"ready: {path}")
+            console.print(f"ready: {escape(str(path))}", highlight=False)
     except QuantgateError as err:
         fail(str(err))
 
@@ -88,6 +88,6 @@ def prepare_candidates(
 
     try:
         for path in make(models_dir, list(FORMATS) if all_formats else list(formats or [])):
-            console.print(f"ready: {path}")
+            console.print(f"ready: {escape(str(path))}", highlight=False)
     except QuantgateError as err:
         fail(str(err))

@@ -119,22 +119,24 @@ def compare(
 ) -> None:
     """Print candidates side by side from their MLflow runs (what the MLflow compare view shows)."""
     from flows.settings import load_settings
-    from flows.tracking import check_store
+    from flows.tracking import bounded_http, check_store
     from gates.compare import compare as compare_runs
 
     try:
         settings = load_settings()
         check_store(settings.mlflow_tracking_uri)  # MLflow would create a missing sqlite store
-        table_data = compare_runs(settings.mlflow_tracking_uri,
-                                  experiment or settings.mlflow_experiment, candidates or None)
+        with bounded_http():  # a server that stops answering after its health check
+            table_data = compare_runs(settings.mlflow_tracking_uri,
+                                      experiment or settings.mlflow_experiment, candidates or None)
     except QuantgateError as err:
         fail(str(err))
     table = Table(title="candidates")
     table.add_column("", overflow="fold")
-    for column in table_data.columns:
-        table.add_column(str(column), overflow="fold")
+    for column in table_data.columns:  # candidate names and tags are whatever runs logged
+        table.add_column(escape(str(column)), overflow="fold")
     for name, row in table_data.iterrows():
-        table.add_row(str(name), *("-" if v is None or v != v else str(v) for v in row))
+        table.add_row(escape(str(name)),
+                      *("-" if v is None or v != v else escape(str(v)) for v in row))
     console.print(table)
 
 

@@ -37,12 +37,13 @@ def validate(spec: Path) -> None:
         check_writable(load_settings())
     except QuantgateError as err:
         fail(str(err))
-    table = Table(title=f"{prepared.spec.candidate}: valid")
+    table = Table(title=escape(f"{prepared.spec.candidate}: valid"))
     for column in ("stage", "kind", "parent", "weights", "activations", "kv_cache", "checkpoint"):
         table.add_column(column, overflow="fold")
-    for stage in prepared.stages:
-        table.add_row(stage.name, stage.kind, str(stage.parent), stage.axes.weights,
-                      stage.axes.activations, stage.axes.kv_cache, stage.checkpoint.name)
+    for stage in prepared.stages:  # a checkpoint's folder is named as its owner liked: "[/]"
+        table.add_row(*(escape(str(cell)) for cell in (
+            stage.name, stage.kind, stage.parent, stage.axes.weights, stage.axes.activations,
+            stage.axes.kv_cache, stage.checkpoint.name)))
     console.print(table)
     from evalsets.lmeval_task import check_data
 

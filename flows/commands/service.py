@@ -75,19 +75,22 @@ def submit(
         run_id, what = queue_run(spec, key=key, no_cache=no_cache)
     except QuantgateError as err:
         fail(str(err))
-    console.print(f"{run_id} {what}", highlight=False)
+    console.print(escape(f"{run_id} {what}"), highlight=False)  # `what` quotes the --key
 
 
 @app.command()
-def status(limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 50) -> None:
+def status(limit: Annotated[int, typer.Option(min=1, help="How many runs, newest first.")] = 50,
+           ) -> None:
     """Queued, running and finished acceptances on the service, with their verdicts."""
     from flows.service import status as list_runs
     from flows.service import use_service
     from flows.settings import load_settings
+    from flows.tracking import check_store
 
     try:
         settings = load_settings()
         address = use_service(settings.state_dir, probe=True)
+        check_store(address["mlflow_tracking_uri"])  # a local store from the environment
         rows = list_runs(address["mlflow_tracking_uri"], settings.mlflow_experiment, limit)
     except QuantgateError as err:
         fail(str(err))
@@ -123,7 +126,9 @@ def register(
 ) -> None:
     """Register a checkpoint as a new version of MODEL: the watching service queues it."""
     from flows.registry import check_model_name, register_checkpoint
+    from flows.tracking import bounded_http
     from infra.checkpoint import read_config
+    from infra.errors import CheckpointError
 
     tags = {}
     if spec is not None:
@@ -132,12 +137,17 @@ def register(
         tags["quantgate.stage"] = stage
     try:
         check_model_name(model)  # what is refused is refused before a store is opened (created)
-        read_config(checkpoint)
-        version = register_checkpoint(_registry_client(create=True), model, checkpoint,
-                                      tags=tags or None)
+        try:
+            read_config(checkpoint)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}; give register the folder of a checkpoint (its "
+                                  "config.json and weight files)") from err
+        with bounded_http():
+            version = register_checkpoint(_registry_client(create=True), model, checkpoint,
+                                          tags=tags or None)
     except QuantgateError as err:
         fail(str(err))
-    console.print(f"{model} version {version.version}: {escape(version.source)}", highlight=False)
+    console.print(escape(f"{model} version {version.version}: {version.source}"), highlight=False)
 
 
 @app.command()
@@ -145,10 +155,12 @@ def promote(model: str, version: str) -> None:
     """Make a model version the `champion` by hand (the old champion becomes `previous`)."""
     from flows.registry import check_model_name
     from flows.registry import promote as move
+    from flows.tracking import bounded_http
 
     try:
         check_model_name(model)
-        console.print(escape(move(_registry_client(), model, version)), highlight=False)
+        with bounded_http():
+            console.print(escape(move(_registry_client(), model, version)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
 
@@ -158,10 +170,12 @@ def rollback(model: str) -> None:
     """Give `champion` back to the `previous` version: the A/B switch in one move."""
     from flows.registry import check_model_name
     from flows.registry import rollback as move_back
+    from flows.tracking import bounded_http
 
     try:
         check_model_name(model)
-        console.print(escape(move_back(_registry_client(), model)), highlight=False)
+        with bounded_http():
+            console.print(escape(move_back(_registry_client(), model)), highlight=False)
     except QuantgateError as err:
         fail(str(err))
 

@@ -68,5 +68,5 @@ def print_verdict(verdict) -> None:
         console.print(f"[yellow]not established:[/] {escape(advisory)}", soft_wrap=True)
     if verdict.decision == "rollback":
         console.print(f"rollback to stage [bold]{escape(str(verdict.accepted_stage))}[/]:")
-        console.print(escape(verdict.rollback_command or "(no stage was accepted)"),
+        console.print(escape(redact(verdict.rollback_command or "(no stage was accepted)")),
                       soft_wrap=True, highlight=False)

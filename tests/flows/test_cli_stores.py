@@ -66,7 +66,8 @@ def test_register_of_a_refused_path_writes_nothing(here, make, expected):
     checkpoint = make(here)
     before = files(here)
     line = one_line(["register", "m", str(checkpoint)])
-    assert line == f"error: checkpoint {checkpoint} {expected}", line
+    assert line == (f"error: checkpoint {checkpoint} {expected}; give register the folder of a "
+                    "checkpoint (its config.json and weight files)"), line
     assert files(here) == before
 
 
@@ -112,3 +113,19 @@ def test_register_creates_the_store_it_writes_to(here):
     assert "m version 1:" in result.output and (here / "mlflow.db").is_file()
     result = runner.invoke(app, ["promote", "m", "1"])
     assert result.exit_code == 0 and ", promote, none->v1, " in result.output, result.output
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"", "holds no MLflow store (no experiments table), and opening it would write MLflow's "
+          "tables into it"),
+    (b"not a database", "is not an SQLite database (file is not a database)"),
+])
+@pytest.mark.parametrize("args", [["compare"], ["promote", "m", "1"], ["rollback", "m"]])
+def test_a_file_that_is_no_mlflow_store_is_left_as_it_is(here, content, problem, args):
+    store = here / "mlflow.db"
+    store.write_bytes(content)
+    line = one_line(args)
+    assert line == (f"error: MLFLOW_TRACKING_URI=sqlite:///{store}: {store} {problem}; set "
+                    "MLFLOW_TRACKING_URI (or QG_MLFLOW_TRACKING_URI) to the MLflow store "
+                    "(sqlite:///<path to mlflow.db>)"), line
+    assert store.read_bytes() == content and files(here) == {Path("mlflow.db")}
