@@ -15,7 +15,7 @@ from infra.errors import MeasurementError, SpecError
 
 
 def test_a_backtracking_search_fails_the_measurement_in_one_line_instead_of_hanging():
-    # An overlapping alternation: not a nested repeat, so only the search's timeout bounds it.
+    # An overlapping alternation (validate refuses it): only the search's timeout bounds it here.
     with pytest.raises(MeasurementError, match=r"pattern '\(a\|aa\)\+\$' took over 1 s on a "
                                                r"61-character answer"):
         score_regex("a" * 60 + "!", "(a|aa)+$")
@@ -29,8 +29,21 @@ def test_nested_repeats_are_refused_at_validate_saying_how_to_fix_them(pattern):
     assert RegexScorer(kind="regex", field="pattern").problem({"pattern": pattern})[0] == "pattern"
 
 
+@pytest.mark.parametrize("pattern", ["(a|aa)+$", "^(a|a)*$", r"(?:\s|.)*$", "(.*a){20}",
+                                     r"(\s*\w+){1,20}$", "(a?){30}a{30}"])
+def test_a_repeated_part_that_matches_one_text_two_ways_is_refused_at_validate(pattern):
+    # None nests an unbounded repeat in another: each backtracks through its ambiguity instead.
+    assert nested_repeat(pattern) is None
+    with pytest.raises(ValidationError, match="can match the same text in more than one way"):
+        RegexScorer(kind="regex", pattern=pattern)
+    field, why = RegexScorer(kind="regex", field="pattern").problem({"pattern": pattern})
+    assert field == "pattern" and f"pattern {pattern!r} repeats a part" in why
+
+
 @pytest.mark.parametrize("pattern", [r"\b2020-01-02\b", "(a++)+$", "(?>a+)+$", r"a{2,}b+",
-                                     r"^(yes|no)\.?$"])
+                                     r"^(yes|no)\.?$", "(foo|bar)*$", "(x|xy)*z",
+                                     "(?:[^,]*,){12}", "(a|b){3}",
+                                     r"(?i)the answer is (\-?[0-9\.\,]+)"])
 def test_patterns_without_nested_backtracking_pass(pattern):
     assert nested_repeat(pattern) is None
     RegexScorer(kind="regex", pattern=pattern)
@@ -68,6 +81,30 @@ def test_only_local_schema_references_are_followed():
     assert item_schema({"id": 1, "schema": local}) == local
     with pytest.raises(MeasurementError, match=r"item 7: schema \$ref 'file:///etc/s\.json' is not local"):
         item_schema({"id": 7, "schema": {"$ref": "file:///etc/s.json"}})
+
+
+def test_a_search_past_its_time_bound_names_the_item_it_scored(tmp_path):
+    from evalsets.runner import load_task_config
+    from evalsets.spec import EvalSetSpec
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": "q1", "prompt": "p", "pattern": "x"}\n')
+    spec = EvalSetSpec(name="mine", path=path, scorer={"kind": "regex", "field": "pattern"})
+    config = load_task_config(spec)
+    doc = {"id": "q1", "row": '{"id": "q1", "prompt": "p", "pattern": "(a|aa)+$"}'}
+    with pytest.raises(MeasurementError) as raised:
+        config["process_results"](doc, ["a" * 60 + "!"])
+    assert str(raised.value).startswith(f"{path}: item 'q1': regex scorer: pattern '(a|aa)+$' "
+                                        "took over 1 s")
+    assert config["process_results"](doc | {"row": '{"id": "q1", "pattern": "a+!"}'},
+                                      ["a!"]) == {"score": 1.0}
+
+
+def test_a_row_nested_past_any_bound_is_one_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"id": 1, "answer": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    with pytest.raises(SpecError, match=r"rows\.jsonl:1: nested too deeply to read; flatten"):
+        read_jsonl(path)
 
 
 def test_a_csv_column_given_twice_is_named(tmp_path):
