@@ -22,6 +22,9 @@ _BITS = re.compile(r"(?:u?int|float|fp)(\d+)")
 LATENCY_LEVELS = ("low", "high")  # the two levels of every load profile (LoadProfile.levels)
 # A relative increase above this (x11) lets every regression through: it switches the rule off.
 MAX_RELATIVE_INCREASE = 10
+# Resamples x pooled items one bootstrap holds at once: 4 GiB (an int64 index and a float64 each).
+MAX_RESAMPLED_VALUES = 250_000_000
+MIN_RESAMPLES = 200
 RelativeIncrease = Annotated[float, at_most(
     MAX_RELATIVE_INCREASE, "", "a larger allowance (over x11) lets every regression through, "
     "which switches the rule off unseen")]
@@ -84,7 +87,7 @@ class QualityRules(Rules):
     bootstrap_resamples: Annotated[int, at_most(
         MAX_RESAMPLES, "", "the Monte Carlo error is already far below any margin, and each "
         "resample holds a copy of the per-token values in memory")] = Field(
-        2000, ge=200, description="Paired bootstrap resamples.")
+        2000, ge=MIN_RESAMPLES, description="Paired bootstrap resamples.")
     seed: int = Field(20240917, ge=0, description="Bootstrap seed (numpy takes no negative one): "
                       "the same records give the same verdict.")
 
@@ -204,8 +207,9 @@ class GatePolicy(Rules):
         return min(pool, math.ceil(items * self.quality.growth ** (self.quality.max_looks - 1)))
 
     def check_min_items(self, pools: dict[str, int], source: str) -> None:
-        """Refuse a policy whose quality.min_items is more than an eval set holds: that set would
-        fail closed at every stage (its sizes are known only with the spec, at validate)."""
+        """Refuse a policy the spec's eval sets make unusable (their sizes are known only with
+        the spec, at validate): quality.min_items more than a set holds (that set would fail
+        closed at every stage), or more bootstrap values than the box can hold."""
         short = {name: pool for name, pool in pools.items() if pool < self.quality.min_items}
         if short:
             sets = ", ".join(f"{name!r} ({pool} items)" for name, pool in sorted(short.items()))
@@ -213,6 +217,22 @@ class GatePolicy(Rules):
                 f"gate policy {source}: quality.min_items ({self.quality.min_items}) is more than "
                 f"eval set {sets} holds: every stage would fail closed on it; lower "
                 "quality.min_items or use larger sets")
+        self._check_resampled_values(sum(pools.values()), source)
+
+    def _check_resampled_values(self, items: int, source: str) -> None:
+        """The item-level bootstraps (accuracy recovery, length finish) draw every resample of
+        the pooled items at once: resamples x items values (an index and a number each)."""
+        resamples = self.quality.bootstrap_resamples
+        if resamples * items <= MAX_RESAMPLED_VALUES:
+            return
+        fits = MAX_RESAMPLED_VALUES // items
+        fix = (f"lower quality.bootstrap_resamples to at most {fits:,}" if fits >= MIN_RESAMPLES
+               else f"give the eval sets a limit: even {MIN_RESAMPLES} resamples (the fewest) "
+               f"fit at most {MAX_RESAMPLED_VALUES // MIN_RESAMPLES:,} items")
+        raise SpecError(
+            f"gate policy {source}: quality.bootstrap_resamples ({resamples:,}) x {items:,} pooled "
+            f"eval items = {resamples * items:,} resampled values, over {MAX_RESAMPLED_VALUES:,} "
+            f"(about {resamples * items * 16 / 2**30:,.0f} GiB at once); {fix}")
 
     def tolerance(self, precision: Precision) -> Tolerance:
         if precision not in self.tolerances:
