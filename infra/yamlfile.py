@@ -31,7 +31,9 @@ def describe_validation_error(source: str, err: ValidationError, model: type[Bas
             lines.append(f"field {field!r}: {message} (got {problem.get('input')!r}); give a "
                          "finite value: .inf and .nan cannot be meant (nothing is switched off "
                          "by an infinite value; a rule by its own setting)")
-        elif not loc or problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
+        elif not loc:  # a rule across the file's fields: its message names them
+            lines.append(message)
+        elif problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
             # A rule across fields: the input is the whole mapping, not worth echoing.
             lines.append(f"{field}: {message}")
         else:

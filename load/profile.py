@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from infra.errors import SpecError, did_you_mean
-from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds
+from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds, SoakSeconds, longer_than_a_day
 from infra.yamlfile import load_model
 from load.gpu_slos import gpu_slo
 
@@ -136,9 +136,15 @@ class LoadProfile(BaseModel):
         ge=0,
         description="Duration runs: requests started during the warm-up are left out of stats.",
     )
-    duration_s: Seconds | None = Field(
-        default=None, gt=0, description="Measured seconds per level, after the warm-up."
+    duration_s: SoakSeconds | None = Field(
+        default=None, gt=0, description="Measured seconds per level, after the warm-up (at most "
+        "a day; with `soak: true`, up to 30 days)."
     )
+    soak: bool = Field(
+        default=False, exclude_if=lambda soak: not soak,  # a profile without it dumps (and keys
+        # the stage cache) as before it existed
+        description="A soak run: duration_s may be longer than a day (a longer window is "
+        "otherwise a typo, refused).")
     requests: Count | None = Field(
         default=None,
         ge=1,
@@ -194,6 +200,9 @@ class LoadProfile(BaseModel):
             raise ValueError(f"high_users ({self.high_users}) must be >= low_users ({self.low_users})")
         if (self.duration_s is None) == (self.requests is None):
             raise ValueError("set exactly one of duration_s (seconds) or requests (a count)")
+        too_long = None if self.soak else longer_than_a_day("duration_s", self.duration_s, "soak")
+        if too_long:
+            raise ValueError(too_long)
         if self.requests is not None and self.workers:
             raise ValueError(
                 f"requests (a count) runs in one process; distributed mode (workers: "
