@@ -114,3 +114,24 @@ def test_a_csv_column_given_twice_is_named(tmp_path):
     path.write_text("id,prompt,answer,answer\n1,p,2,3\n")
     with pytest.raises(SpecError, match=r"rows\.csv:1: column 'answer' is given twice in the header"):
         read_rows(path)
+
+
+@pytest.mark.parametrize(("scorer", "answer"), [
+    ({"kind": "numeric", "tolerance": 1e300}, "0"),
+    ({"kind": "numeric", "tolerance": 19.5}, "20.5"),
+    ({"kind": "numeric", "relative": 1}, "0"),
+])
+def test_a_tolerance_one_answer_meets_on_every_row_is_refused_at_validate(tmp_path, scorer, answer):
+    from evalsets.contracts import validate_sets
+    from evalsets.spec import EvalSetSpec
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"id": "r{i}", "prompt": "p{i}", "answer": {i}}}\n'
+                            for i in range(1, 41)))
+    with pytest.raises(SpecError) as raised:
+        validate_sets([EvalSetSpec(name="mine", path=path, scorer=scorer)])
+    assert str(raised.value).startswith(f"{path}:1: field 'answer' (id 'r1'): scorer tolerance ")
+    assert (f"the one answer {answer} would score every row right, so the set measures nothing; "
+            "give a tolerance smaller than half the spread of the references") in str(raised.value)
+    assert validate_sets([EvalSetSpec(name="mine", path=path,
+                                      scorer={"kind": "numeric", "tolerance": 0.5})]) == {"mine": 40}
