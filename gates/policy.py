@@ -24,6 +24,17 @@ LATENCY_LEVELS = ("low", "high")  # the two levels of every load profile (LoadPr
 MAX_RELATIVE_INCREASE = 10
 # Resamples x pooled items one bootstrap holds at once: 4 GiB (an int64 index and a float64 each).
 MAX_RESAMPLED_VALUES = 250_000_000
+# Limits past which a rule passes whatever a stage does: finite, yet a rule switched off unseen
+# (a rule is relaxed by its own setting: `required: false`, `finish_required: false`).
+MAX_MARGIN = 0.5  # accuracy points a stage may lose: half of them is already no gate
+MAX_KL = 1.0  # nats per token: a stage a whole nat away from the baseline is another model
+MIN_TOP1 = 0.5  # below half the tokens agreeing, the stage answers as another model does
+MAX_SHARE = 0.5  # of requests failing, of answers changing length, of answers cut off
+
+
+def _off_above(limit: float, what: str) -> object:
+    return at_most(limit, "", f"{what}: a larger one passes whatever a stage does, which switches "
+                   "the rule off unseen")
 MIN_RESAMPLES = 200
 RelativeIncrease = Annotated[float, at_most(
     MAX_RELATIVE_INCREASE, "", "a larger allowance (over x11) lets every regression through, "
@@ -38,17 +49,21 @@ class Rules(BaseModel):
 class Tolerance(Rules):
     """What a stage of one precision class may cost, against the baseline."""
 
-    accuracy_margin: float = Field(
-        gt=0, lt=1, description="Non-inferiority margin: accuracy points a stage may lose vs the "
+    accuracy_margin: Annotated[float, _off_above(MAX_MARGIN, "half the points")] = Field(
+        gt=0, description="Non-inferiority margin: accuracy points a stage may lose vs the "
         "baseline (0.08 = 8 points), pooled over the sets."
     )
-    max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats (finite).")
-    min_top1: float = Field(gt=0, le=1, description="Share of tokens with the same top-1 token.")
+    max_kl: Annotated[float, _off_above(MAX_KL, "a nat per token")] = Field(
+        gt=0, description="Mean per-token KL(baseline || stage), nats (at most 1).")
+    min_top1: float = Field(ge=MIN_TOP1, le=1, description="Share of tokens with the same top-1 "
+                            "token (at least 0.5: below it the rule passes another model).")
 
 
 class QualityRules(Rules):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided CI level of every bound.")
-    alpha: float = Field(0.05, gt=0, lt=1, description="One-sided exact McNemar level (Holm).")
+    alpha: Annotated[float, at_most(0.2, "", "a test that says go on one run in five of a stage "
+                                    "at the margin is no test")] = Field(
+        0.05, gt=0, description="One-sided exact McNemar level (Holm).")
     power: float = Field(
         0.80, gt=0.5, lt=1, description="Power the pooled accuracy test must reach at the margin "
         "for an equivalent stage (validate refuses a spec below it)."
@@ -150,16 +165,17 @@ class LatencyRules(Rules):
 
 
 class LoadRules(Rules):
-    max_error_rate: float = Field(0.01, ge=0, le=1, description="Per level.")
+    max_error_rate: Annotated[float, _off_above(MAX_SHARE, "half the requests")] = Field(
+        0.01, ge=0, description="Per level.")
 
 
 class LengthRules(Rules):
-    max_change: float = Field(
-        0.10, gt=0, lt=1, description="Per set and pooled, the CI of the paired mean length "
+    max_change: Annotated[float, _off_above(MAX_SHARE, "x0.5 to x1.5")] = Field(
+        0.10, gt=0, description="Per set and pooled, the CI of the paired mean length "
         "ratio vs the parent stays within 1 ± this."
     )
-    max_change_vs_baseline: float = Field(
-        0.10, gt=0, lt=1, description="The same vs the baseline: the chain as a whole gets one "
+    max_change_vs_baseline: Annotated[float, _off_above(MAX_SHARE, "x0.5 to x1.5")] = Field(
+        0.10, gt=0, description="The same vs the baseline: the chain as a whole gets one "
         "step's allowance."
     )
     max_censored_share: float = Field(
@@ -167,8 +183,8 @@ class LengthRules(Rules):
         "than this cannot pass (its ratio would rest on the censored tail)."
     )
     required: bool = Field(True, description="An inconclusive length CI blocks the go.")
-    max_length_finish_increase: float = Field(
-        0.05, ge=0, le=1, description="Rise in the share of responses cut off (finish=length)."
+    max_length_finish_increase: Annotated[float, _off_above(MAX_SHARE, "half the answers")] = Field(
+        0.05, ge=0, description="Rise in the share of responses cut off (finish=length)."
     )
     finish_required: bool = Field(False, description="An inconclusive finish=length rise blocks.")
 

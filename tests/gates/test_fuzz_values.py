@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 
 from evalsets.patterns import regex_problem
 from evalsets.scorers import NumericScorer, RegexScorer
-from gates.policy import MAX_RESAMPLED_VALUES, load_policy
+from gates.policy import (
+    MAX_KL,
+    MAX_MARGIN,
+    MAX_RESAMPLED_VALUES,
+    MAX_SHARE,
+    MIN_TOP1,
+    load_policy,
+)
 from infra.errors import QuantgateError
 from infra.values import MAX_SECONDS, MAX_SOAK_SECONDS
 from load.profile import load_profile
@@ -94,7 +101,9 @@ def test_policies_with_extreme_numbers_are_one_line_or_usable(tmp_path_factory, 
     q = found.quality
     assert q.seed >= 0 and 200 <= q.bootstrap_resamples <= 100_000
     for tolerance in found.tolerances.values():  # no limit that passes every stage
-        assert 0 < tolerance.accuracy_margin < 1 and 0 < tolerance.min_top1 <= 1
+        assert 0 < tolerance.accuracy_margin <= MAX_MARGIN and 0 < tolerance.max_kl <= MAX_KL
+        assert MIN_TOP1 <= tolerance.min_top1 <= 1
+    assert found.load.max_error_rate <= MAX_SHARE and found.length.max_change <= MAX_SHARE
     checked = one_line_or_valid(found.check_min_items, pools, str(path))
     if checked is None:  # accepted for these sets: the bootstrap fits and every set can decide
         assert q.bootstrap_resamples * sum(pools.values()) <= MAX_RESAMPLED_VALUES

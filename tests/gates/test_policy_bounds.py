@@ -10,9 +10,12 @@ from gates.policy import DEFAULT_POLICY, GatePolicy, load_policy
 from infra.errors import SpecError
 
 
-def written(tmp_path, **quality) -> str:
+def written(tmp_path, section: str = "quality", **values) -> str:
     data = yaml.safe_load(DEFAULT_POLICY.read_text())
-    data["quality"].update(quality)
+    target = data[section]
+    if section == "tolerances":
+        target = target["8bit"]
+    target.update(values)
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(data))
     return str(tmp_path / "policy.yaml")
 
@@ -48,3 +51,24 @@ def test_values_no_one_means_are_refused_where_the_policy_is_read(tmp_path, qual
         load_policy(source)
     assert str(raised.value).startswith(f"{source}: {expected}")
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("section", "values", "expected"), [
+    ("tolerances", {"max_kl": 1e9}, "field 'tolerances.8bit.max_kl': at most 1.0 (a nat per token: "
+     "a larger one passes whatever a stage does, which switches the rule off unseen); give a "
+     "smaller value (got 1000000000.0)"),
+    ("tolerances", {"accuracy_margin": 0.9}, "field 'tolerances.8bit.accuracy_margin': at most 0.5"),
+    ("tolerances", {"min_top1": 0.01}, "field 'tolerances.8bit.min_top1': Input should be greater "
+     "than or equal to 0.5 (got 0.01)"),
+    ("quality", {"alpha": 0.9}, "field 'quality.alpha': at most 0.2"),
+    ("load", {"max_error_rate": 1}, "field 'load.max_error_rate': at most 0.5 (half the requests"),
+    ("length", {"max_change": 0.99}, "field 'length.max_change': at most 0.5"),
+    ("length", {"max_length_finish_increase": 1}, "field 'length.max_length_finish_increase': at "
+     "most 0.5"),
+])
+def test_a_finite_limit_that_passes_every_stage_is_refused(tmp_path, section, values, expected):
+    # A rule is relaxed by its own setting (required: false), never by a limit nothing exceeds.
+    source = written(tmp_path, section, **values)
+    with pytest.raises(SpecError) as raised:
+        load_policy(source)
+    assert str(raised.value).startswith(f"{source}: {expected}")
