@@ -31,13 +31,17 @@ def at_most(limit: int | float, unit: str, why: str) -> AfterValidator:
 
 Seconds = Annotated[float, at_most(MAX_SECONDS, " s", "a day: a longer wait cannot be meant")]
 Count = Annotated[int, at_most(MAX_COUNT, "", "more cannot be meant in one run")]
-SoakSeconds = Annotated[float, at_most(MAX_SOAK_SECONDS, " s", "30 days, even for a soak run")]
+_SOAK = at_most(MAX_SOAK_SECONDS, " s", "30 days, even for a soak run").func
 
 
-def longer_than_a_day(field: str, seconds: float | None, opt_in: str) -> str | None:
-    """Why `seconds` of `field` is refused without the model's opt-in field `opt_in`, or None."""
-    if seconds is None or seconds <= MAX_SECONDS:
-        return None
-    return (f"{field} {seconds:,g} s is over a day ({MAX_SECONDS:,} s), which no run means by "
-            f"accident: give at most {MAX_SECONDS:,} s, or set {opt_in}: true to ask for it (up to "
-            f"{MAX_SOAK_SECONDS:,} s)")
+def day_at_most(seconds: float | None, opt_in: str) -> None:
+    """Seconds's bound, naming the field's `opt_in` to a longer one (a ValueError, as pydantic's)."""
+    if seconds is not None and seconds > MAX_SECONDS:
+        raise ValueError(f"at most {MAX_SECONDS:,} s (a day: a longer wait cannot be meant; "
+                         f"{opt_in}); give a smaller value")
+
+
+def soak_at_most(seconds: float | None) -> None:
+    """The bound of a window asked for as a soak run: 30 days."""
+    if seconds is not None:
+        _SOAK(seconds)

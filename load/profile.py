@@ -5,10 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from infra.errors import SpecError, did_you_mean
-from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds, SoakSeconds, longer_than_a_day
+from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds, day_at_most, soak_at_most
 from infra.yamlfile import load_model
 from load.gpu_slos import gpu_slo
 
@@ -136,15 +144,16 @@ class LoadProfile(BaseModel):
         ge=0,
         description="Duration runs: requests started during the warm-up are left out of stats.",
     )
-    duration_s: SoakSeconds | None = Field(
-        default=None, gt=0, description="Measured seconds per level, after the warm-up (at most "
-        "a day; with `soak: true`, up to 30 days)."
-    )
+    # Before duration_s: its check reads it (pydantic validates fields in this order).
     soak: bool = Field(
         default=False, exclude_if=lambda soak: not soak,  # a profile without it dumps (and keys
         # the stage cache) as before it existed
         description="A soak run: duration_s may be longer than a day (a longer window is "
         "otherwise a typo, refused).")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="Measured seconds per level, after the warm-up (at most "
+        "a day; with `soak: true`, up to 30 days)."
+    )
     requests: Count | None = Field(
         default=None,
         ge=1,
@@ -194,15 +203,21 @@ class LoadProfile(BaseModel):
     # binding, not part of the YAML or of the cache key (the source's content digest is).
     _prompt_ids: Path | None = PrivateAttr(default=None)
 
+    @field_validator("duration_s")
+    @classmethod
+    def _a_day_unless_soak(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if info.data.get("soak"):
+            soak_at_most(value)
+        else:
+            day_at_most(value, "set soak: true to ask for up to 30 days")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> LoadProfile:
         if self.high_users < self.low_users:
             raise ValueError(f"high_users ({self.high_users}) must be >= low_users ({self.low_users})")
         if (self.duration_s is None) == (self.requests is None):
             raise ValueError("set exactly one of duration_s (seconds) or requests (a count)")
-        too_long = None if self.soak else longer_than_a_day("duration_s", self.duration_s, "soak")
-        if too_long:
-            raise ValueError(too_long)
         if self.requests is not None and self.workers:
             raise ValueError(
                 f"requests (a count) runs in one process; distributed mode (workers: "

@@ -16,8 +16,8 @@ def test_a_window_over_a_day_needs_soak_and_says_so(tmp_path):
     with pytest.raises(SpecError) as raised:
         load_profile(path)
     assert str(raised.value) == (
-        f"{path}: duration_s 172,800 s is over a day (86,400 s), which no run means by accident: "
-        "give at most 86,400 s, or set soak: true to ask for it (up to 2,592,000 s)")
+        f"{path}: field 'duration_s': at most 86,400 s (a day: a longer wait cannot be meant; set "
+        "soak: true to ask for up to 30 days); give a smaller value (got 172800)")
     soak = load_profile(write(tmp_path, text + "soak: true\n"))
     assert soak.duration_s == 172_800 and soak.model_dump(mode="json")["soak"] is True
 
