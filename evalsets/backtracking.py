@@ -84,37 +84,46 @@ def _char_set(items: list) -> Starts:
     return ANY if found.wild else Starts(found.chars, True)
 
 
+def _piece(op: object, arg: object) -> Starts:
+    """What one parsed piece can start with (`empty`: it can match nothing)."""
+    if op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):  # zero-width: the next piece starts it
+        return NOTHING
+    if op is sre.LITERAL:
+        return Starts(frozenset({chr(arg)}))
+    if op is sre.NOT_LITERAL:
+        return Starts(frozenset({chr(arg)}), True)
+    if op is sre.IN:
+        return _char_set(arg)
+    if op is sre.CATEGORY:
+        return _category(arg)
+    if op is sre.SUBPATTERN:
+        return starts(arg[3])
+    if op is sre.ATOMIC_GROUP:
+        return starts(arg)
+    if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+        body = starts(arg[2])
+        return Starts(body.chars, body.wild, body.empty or arg[0] == 0)
+    if op is sre.BRANCH:
+        found = NOTHING if not arg[1] else Starts()
+        for branch in arg[1]:
+            found = found | starts(branch)
+        return found
+    # A back-reference, any character, a conditional group: anything (or nothing).
+    return ANY | NOTHING if op is sre.GROUPREF_EXISTS else ANY
+
+
 def starts(items: list, following: Starts = NOTHING) -> Starts:
     """What the sequence `items`, then `following`, can start with."""
-    found = Starts()
-    for op, arg in items:
-        if op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):  # zero-width: the next piece starts it
-            continue
-        if op is sre.LITERAL:
-            piece = Starts(frozenset({chr(arg)}))
-        elif op is sre.NOT_LITERAL:
-            piece = Starts(frozenset({chr(arg)}), True)
-        elif op is sre.IN:
-            piece = _char_set(arg)
-        elif op is sre.CATEGORY:
-            piece = _category(arg)
-        elif op is sre.SUBPATTERN:
-            piece = starts(arg[3])
-        elif op is sre.ATOMIC_GROUP:
-            piece = starts(arg)
-        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
-            body = starts(arg[2])
-            piece = Starts(body.chars, body.wild, body.empty or arg[0] == 0)
-        elif op is sre.BRANCH:
-            piece = NOTHING if not arg[1] else Starts()
-            for branch in arg[1]:
-                piece = piece | starts(branch)
-        else:  # a back-reference, any character, a conditional group: anything (or nothing)
-            piece = ANY | NOTHING if op is sre.GROUPREF_EXISTS else ANY
-        found = found | Starts(piece.chars, piece.wild)
-        if not piece.empty:
-            return found
-    return found | following
+    return _afters(items, following)[0]
+
+
+def _afters(items: list, following: Starts) -> list[Starts]:
+    """For each i, what items[i:] then `following` can start with (one pass, from the end:
+    a long pattern of optional pieces stays linear)."""
+    found = [following]
+    for op, arg in reversed(items):
+        found.append(_piece(op, arg).then(found[-1]))
+    return found[::-1]
 
 
 def _ambiguous(items: list, rounds: int, following: Starts) -> bool:
@@ -122,8 +131,9 @@ def _ambiguous(items: list, rounds: int, following: Starts) -> bool:
     in more than one way each round: two branches that start alike, or a repeat that can stop
     or go on at the same character. `following`: what can come after `items`."""
     many = rounds >= MANY_ROUNDS
+    afters = _afters(items, following)
     for index, (op, arg) in enumerate(items):
-        after = starts(items[index + 1:], following)
+        after = afters[index + 1]
         if op is sre.BRANCH:
             heads = [starts(branch, after) for branch in arg[1]]
             if many and any(a.overlaps(b) for i, a in enumerate(heads) for b in heads[i + 1:]):

@@ -219,3 +219,12 @@ def test_a_policy_that_is_a_billion_laughs_is_one_line(tmp_path, bomb):
     path.write_text(bomb)
     found = one_line_or_valid(load_policy, str(path))
     assert isinstance(found, QuantgateError) and "billion laughs" in str(found)
+
+
+@FAST
+@given(part=st.sampled_from(["a?", "(?:a?b?)", "(?:ab|cd)", "[ab]*c", r"\s*"]),
+       count=st.integers(1, 5_000))
+def test_a_long_pattern_is_judged_within_the_bound(part, count):
+    # Judging reads each piece once: a pattern of thousands of optional pieces ends.
+    problem = one_line_or_valid(regex_problem, part * count)
+    assert problem is None or (isinstance(problem, str) and "\n" not in problem)
