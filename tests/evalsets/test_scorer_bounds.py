@@ -135,3 +135,16 @@ def test_a_tolerance_one_answer_meets_on_every_row_is_refused_at_validate(tmp_pa
             "give a tolerance smaller than half the spread of the references") in str(raised.value)
     assert validate_sets([EvalSetSpec(name="mine", path=path,
                                       scorer={"kind": "numeric", "tolerance": 0.5})]) == {"mine": 40}
+
+
+def test_a_generation_budget_no_context_holds_names_max_gen_toks(tmp_path):
+    from evalsets.contracts import check_prompts_fit
+    from tests.evalsets.test_userset import ROWS, _tokenizer, user_set, write_jsonl
+
+    spec = user_set(write_jsonl(tmp_path / "t.jsonl", ROWS), max_gen_toks=10**12)
+    with pytest.raises(SpecError) as raised:
+        check_prompts_fit([spec], 4096, _tokenizer(tmp_path / "tokenizer.json"))
+    assert str(raised.value) == (
+        "eval set 'tickets': max_gen_toks 1,000,000,000,000 leaves no room for a prompt in "
+        "engine.max_model_len 4,096 (64 tokens go to the template); give max_gen_toks at most "
+        "4,031")
