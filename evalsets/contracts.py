@@ -418,6 +418,13 @@ def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
             continue
         budget = spec.max_gen_toks or int(
             (read_task_yaml(spec.info).get("generation_kwargs") or {}).get("max_gen_toks", 256))
+        if budget + TEMPLATE_MARGIN_TOKENS >= max_model_len:  # no prompt fits: not a context
+            where = "max_gen_toks" if spec.max_gen_toks else "its task's max_gen_toks"
+            raise SpecError(
+                f"eval set {spec.name!r}: {where} {budget:,} leaves no room for a prompt in "
+                f"engine.max_model_len {max_model_len:,} ({TEMPLATE_MARGIN_TOKENS} tokens go to "
+                f"the template); give max_gen_toks at most "
+                f"{max(max_model_len - TEMPLATE_MARGIN_TOKENS - 1, 1):,}")
         for path in data_files(spec.info):
             rows = prompt_rows(spec.info, path, contract)
             texts = [text for _, _, text in rows]

@@ -37,6 +37,8 @@ def parse_row(path: Path, number: int, raw: bytes) -> dict:
         raise SpecError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from exc
     except _BadRow as exc:
         raise SpecError(f"{path}:{number}: {exc}") from exc
+    except RecursionError as exc:  # json recurses per level: '[[[[...' thousands deep
+        raise SpecError(f"{path}:{number}: nested too deeply to read; flatten the row") from exc
     except ValueError as exc:
         raise SpecError(f"{path}:{number}: not JSON: {exc}") from exc
     if not isinstance(row, dict):

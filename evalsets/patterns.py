@@ -1,7 +1,8 @@
 """Regular expressions that judge answers: searched with a time bound, and refused at validate when
 they cannot judge (not a regular expression, one Python warns about, one that backtracks without
-end). The scorers (evalsets.scorers), IFEval's arguments (evalsets.instruction_checks) and the
-code sets' tests (evalsets.task_code) share them.
+end: a repeat nested in a repeat, or a repeated part that matches one text in more than one way,
+evalsets.backtracking). The scorers (evalsets.scorers), IFEval's arguments
+(evalsets.instruction_checks) and the code sets' tests (evalsets.task_code) share them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 import warnings
 from typing import Any
 
+from evalsets.backtracking import ambiguous_repeat
 from infra.errors import MeasurementError
 
 # One search of one answer: a sane pattern takes microseconds; past this it is backtracking.
@@ -93,7 +95,7 @@ def regex_problem(pattern: str) -> str | None:
                 f"({warning.category.__name__}), so a later Python reads it differently: escape "
                 "the character there with a backslash (inside [...], a literal '[' as '\\[', and "
                 "'--', '&&', '~~', '||' as '\\-\\-', '\\&\\&', '\\~\\~', '\\|\\|')")
-    return nested_repeat(pattern)
+    return nested_repeat(pattern) or ambiguous_repeat(pattern)
 
 
 def schema_patterns(schema: Any, where: str = "") -> list[tuple[str, str]]:

@@ -192,6 +192,22 @@ class NumericScorer(_Scorer):
                                 "be within tolerance of it (or none); give the reference number")
         return None
 
+    def rows_problem(self, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str, str] | None:
+        """A tolerance so wide that one answer, the same for every row, scores them all right
+        (0 at relative 1, the middle of the references at a huge absolute one): the set would
+        measure nothing. A set of one reference value is left alone (nothing to tell apart)."""
+        references = [float(str(row[self.field]).replace(",", "")) for row in rows]
+        if len(set(references)) < 2:
+            return None
+        for answer in (0.0, (min(references) + max(references)) / 2):
+            if all(abs(answer - ref) <= max(self.tolerance, self.relative * abs(ref))
+                   for ref in references):
+                return rows[0], self.field, (
+                    f"scorer tolerance {self.tolerance:g} / relative {self.relative:g}: the one "
+                    f"answer {answer:g} would score every row right, so the set measures nothing; "
+                    "give a tolerance smaller than half the spread of the references")
+        return None
+
 
 class JsonScorer(_Scorer):
     """The answer's first JSON object is valid under a JSON Schema (one for the set, or each

@@ -18,7 +18,7 @@ from typing import Any
 from evalsets.jsonl import parse_row
 from evalsets.scorers import ChoiceScorer
 from evalsets.spec import EvalSetInfo
-from infra.errors import SpecError
+from infra.errors import MeasurementError, SpecError
 
 LINE = "__line"
 MESSAGES = "messages"
@@ -215,8 +215,18 @@ def task_config(info: EvalSetInfo) -> dict[str, Any]:
         return config
     config["doc_to_target"] = lambda doc: scorer.reference(row_of(doc))
     config["target_delimiter"] = " "
-    config["process_results"] = lambda doc, results: {"score": scorer.score(results[0], row_of(doc))}
+    config["process_results"] = lambda doc, results: {"score": _score(info, row_of(doc), results[0])}
     return config
+
+
+def _score(info: EvalSetInfo, row: dict, response: str) -> float:
+    """The scorer's score of one answer; a score it cannot give (a pattern's search past its
+    time bound) fails the measurement in one line naming the item, never a hang."""
+    try:
+        return info.scorer.score(response, row)
+    except MeasurementError as exc:
+        raise MeasurementError(f"{info.data_file}: item {str(row.get(info.id_field))!r}: "
+                               f"{exc}") from exc
 
 
 def data_digest(path: Path) -> str:

@@ -22,6 +22,20 @@ _BITS = re.compile(r"(?:u?int|float|fp)(\d+)")
 LATENCY_LEVELS = ("low", "high")  # the two levels of every load profile (LoadProfile.levels)
 # A relative increase above this (x11) lets every regression through: it switches the rule off.
 MAX_RELATIVE_INCREASE = 10
+# Resamples x pooled items one bootstrap holds at once: 4 GiB (an int64 index and a float64 each).
+MAX_RESAMPLED_VALUES = 250_000_000
+# Limits past which a rule passes whatever a stage does: finite, yet a rule switched off unseen
+# (a rule is relaxed by its own setting: `required: false`, `finish_required: false`).
+MAX_MARGIN = 0.5  # accuracy points a stage may lose: half of them is already no gate
+MAX_KL = 1.0  # nats per token: a stage a whole nat away from the baseline is another model
+MIN_TOP1 = 0.5  # below half the tokens agreeing, the stage answers as another model does
+MAX_SHARE = 0.5  # of requests failing, of answers changing length, of answers cut off
+
+
+def _off_above(limit: float, what: str) -> object:
+    return at_most(limit, "", f"{what}: a larger one passes whatever a stage does, which switches "
+                   "the rule off unseen")
+MIN_RESAMPLES = 200
 RelativeIncrease = Annotated[float, at_most(
     MAX_RELATIVE_INCREASE, "", "a larger allowance (over x11) lets every regression through, "
     "which switches the rule off unseen")]
@@ -35,17 +49,21 @@ class Rules(BaseModel):
 class Tolerance(Rules):
     """What a stage of one precision class may cost, against the baseline."""
 
-    accuracy_margin: float = Field(
-        gt=0, lt=1, description="Non-inferiority margin: accuracy points a stage may lose vs the "
+    accuracy_margin: Annotated[float, _off_above(MAX_MARGIN, "half the points")] = Field(
+        gt=0, description="Non-inferiority margin: accuracy points a stage may lose vs the "
         "baseline (0.08 = 8 points), pooled over the sets."
     )
-    max_kl: float = Field(gt=0, description="Mean per-token KL(baseline || stage), nats (finite).")
-    min_top1: float = Field(gt=0, le=1, description="Share of tokens with the same top-1 token.")
+    max_kl: Annotated[float, _off_above(MAX_KL, "a nat per token")] = Field(
+        gt=0, description="Mean per-token KL(baseline || stage), nats (at most 1).")
+    min_top1: float = Field(ge=MIN_TOP1, le=1, description="Share of tokens with the same top-1 "
+                            "token (at least 0.5: below it the rule passes another model).")
 
 
 class QualityRules(Rules):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided CI level of every bound.")
-    alpha: float = Field(0.05, gt=0, lt=1, description="One-sided exact McNemar level (Holm).")
+    alpha: Annotated[float, at_most(0.2, "", "a test that says go on one run in five of a stage "
+                                    "at the margin is no test")] = Field(
+        0.05, gt=0, description="One-sided exact McNemar level (Holm).")
     power: float = Field(
         0.80, gt=0.5, lt=1, description="Power the pooled accuracy test must reach at the margin "
         "for an equivalent stage (validate refuses a spec below it)."
@@ -84,7 +102,7 @@ class QualityRules(Rules):
     bootstrap_resamples: Annotated[int, at_most(
         MAX_RESAMPLES, "", "the Monte Carlo error is already far below any margin, and each "
         "resample holds a copy of the per-token values in memory")] = Field(
-        2000, ge=200, description="Paired bootstrap resamples.")
+        2000, ge=MIN_RESAMPLES, description="Paired bootstrap resamples.")
     seed: int = Field(20240917, ge=0, description="Bootstrap seed (numpy takes no negative one): "
                       "the same records give the same verdict.")
 
@@ -147,16 +165,17 @@ class LatencyRules(Rules):
 
 
 class LoadRules(Rules):
-    max_error_rate: float = Field(0.01, ge=0, le=1, description="Per level.")
+    max_error_rate: Annotated[float, _off_above(MAX_SHARE, "half the requests")] = Field(
+        0.01, ge=0, description="Per level.")
 
 
 class LengthRules(Rules):
-    max_change: float = Field(
-        0.10, gt=0, lt=1, description="Per set and pooled, the CI of the paired mean length "
+    max_change: Annotated[float, _off_above(MAX_SHARE, "x0.5 to x1.5")] = Field(
+        0.10, gt=0, description="Per set and pooled, the CI of the paired mean length "
         "ratio vs the parent stays within 1 ± this."
     )
-    max_change_vs_baseline: float = Field(
-        0.10, gt=0, lt=1, description="The same vs the baseline: the chain as a whole gets one "
+    max_change_vs_baseline: Annotated[float, _off_above(MAX_SHARE, "x0.5 to x1.5")] = Field(
+        0.10, gt=0, description="The same vs the baseline: the chain as a whole gets one "
         "step's allowance."
     )
     max_censored_share: float = Field(
@@ -164,8 +183,8 @@ class LengthRules(Rules):
         "than this cannot pass (its ratio would rest on the censored tail)."
     )
     required: bool = Field(True, description="An inconclusive length CI blocks the go.")
-    max_length_finish_increase: float = Field(
-        0.05, ge=0, le=1, description="Rise in the share of responses cut off (finish=length)."
+    max_length_finish_increase: Annotated[float, _off_above(MAX_SHARE, "half the answers")] = Field(
+        0.05, ge=0, description="Rise in the share of responses cut off (finish=length)."
     )
     finish_required: bool = Field(False, description="An inconclusive finish=length rise blocks.")
 
@@ -204,8 +223,9 @@ class GatePolicy(Rules):
         return min(pool, math.ceil(items * self.quality.growth ** (self.quality.max_looks - 1)))
 
     def check_min_items(self, pools: dict[str, int], source: str) -> None:
-        """Refuse a policy whose quality.min_items is more than an eval set holds: that set would
-        fail closed at every stage (its sizes are known only with the spec, at validate)."""
+        """Refuse a policy the spec's eval sets make unusable (their sizes are known only with
+        the spec, at validate): quality.min_items more than a set holds (that set would fail
+        closed at every stage), or more bootstrap values than the box can hold."""
         short = {name: pool for name, pool in pools.items() if pool < self.quality.min_items}
         if short:
             sets = ", ".join(f"{name!r} ({pool} items)" for name, pool in sorted(short.items()))
@@ -213,6 +233,22 @@ class GatePolicy(Rules):
                 f"gate policy {source}: quality.min_items ({self.quality.min_items}) is more than "
                 f"eval set {sets} holds: every stage would fail closed on it; lower "
                 "quality.min_items or use larger sets")
+        self._check_resampled_values(sum(pools.values()), source)
+
+    def _check_resampled_values(self, items: int, source: str) -> None:
+        """The item-level bootstraps (accuracy recovery, length finish) draw every resample of
+        the pooled items at once: resamples x items values (an index and a number each)."""
+        resamples = self.quality.bootstrap_resamples
+        if resamples * items <= MAX_RESAMPLED_VALUES:
+            return
+        fits = MAX_RESAMPLED_VALUES // items
+        fix = (f"lower quality.bootstrap_resamples to at most {fits:,}" if fits >= MIN_RESAMPLES
+               else f"give the eval sets a limit: even {MIN_RESAMPLES} resamples (the fewest) "
+               f"fit at most {MAX_RESAMPLED_VALUES // MIN_RESAMPLES:,} items")
+        raise SpecError(
+            f"gate policy {source}: quality.bootstrap_resamples ({resamples:,}) x {items:,} pooled "
+            f"eval items = {resamples * items:,} resampled values, over {MAX_RESAMPLED_VALUES:,} "
+            f"(about {resamples * items * 16 / 2**30:,.0f} GiB at once); {fix}")
 
     def tolerance(self, precision: Precision) -> Tolerance:
         if precision not in self.tolerances:

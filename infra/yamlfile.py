@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import TypeVar
@@ -27,16 +28,34 @@ def describe_validation_error(source: str, err: ValidationError, model: type[Bas
             lines.append(f"unknown field {field!r}; {hint}".rstrip("; "))
         elif problem["type"] == "missing":
             lines.append(f"field {field!r}: {message}")
+        elif problem["type"] in ("literal_error", "union_tag_invalid"):  # an enum's typo
+            lines.append(_misspelt_choice(field, problem))
         elif problem["type"] == "finite_number":
             lines.append(f"field {field!r}: {message} (got {problem.get('input')!r}); give a "
                          "finite value: .inf and .nan cannot be meant (nothing is switched off "
                          "by an infinite value; a rule by its own setting)")
-        elif not loc or problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
+        elif not loc:  # a rule across the file's fields: its message names them
+            lines.append(message)
+        elif problem["type"] == "value_error" and isinstance(problem.get("input"), dict):
             # A rule across fields: the input is the whole mapping, not worth echoing.
             lines.append(f"{field}: {message}")
         else:
             lines.append(f"field {field!r}: {message} (got {problem.get('input')!r})")
     return f"{source}: " + "; ".join(lines)
+
+
+def _misspelt_choice(field: str, problem: dict) -> str:
+    """'field 'a.b': 'hihg' is not one of its choices; did you mean 'high'? (valid: ...)'."""
+    ctx = problem.get("ctx") or {}
+    if problem["type"] == "union_tag_invalid":
+        field = f"{field}.{ctx.get('discriminator', '').strip(chr(39))}".rstrip(".")
+        given, expected = ctx.get("tag"), ctx.get("expected_tags", "")
+    else:
+        given, expected = problem.get("input"), ctx.get("expected", "")
+    choices = re.findall(r"'([^']*)'", str(expected))
+    if not choices:
+        return f"field {field!r}: {problem['msg']} (got {given!r})"
+    return f"field {field!r}: {given!r} is not one of its choices; {did_you_mean(str(given), choices)}"
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

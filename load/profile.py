@@ -5,10 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from infra.errors import SpecError, did_you_mean
-from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds
+from infra.values import MAX_COUNT, MAX_SECONDS, Count, Seconds, day_at_most, soak_at_most
 from infra.yamlfile import load_model
 from load.gpu_slos import gpu_slo
 
@@ -136,8 +144,15 @@ class LoadProfile(BaseModel):
         ge=0,
         description="Duration runs: requests started during the warm-up are left out of stats.",
     )
-    duration_s: Seconds | None = Field(
-        default=None, gt=0, description="Measured seconds per level, after the warm-up."
+    # Before duration_s: its check reads it (pydantic validates fields in this order).
+    soak: bool = Field(
+        default=False, exclude_if=lambda soak: not soak,  # a profile without it dumps (and keys
+        # the stage cache) as before it existed
+        description="A soak run: duration_s may be longer than a day (a longer window is "
+        "otherwise a typo, refused).")
+    duration_s: float | None = Field(
+        default=None, gt=0, description="Measured seconds per level, after the warm-up (at most "
+        "a day; with `soak: true`, up to 30 days)."
     )
     requests: Count | None = Field(
         default=None,
@@ -187,6 +202,15 @@ class LoadProfile(BaseModel):
     # Prompts from a source, tokenized for the served model (load.prompts.bind): a run-time
     # binding, not part of the YAML or of the cache key (the source's content digest is).
     _prompt_ids: Path | None = PrivateAttr(default=None)
+
+    @field_validator("duration_s")
+    @classmethod
+    def _a_day_unless_soak(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if info.data.get("soak"):
+            soak_at_most(value)
+        else:
+            day_at_most(value, "set soak: true to ask for up to 30 days")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> LoadProfile:

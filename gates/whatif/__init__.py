@@ -29,6 +29,7 @@ efficiencies are in the same range.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,8 @@ from gates.whatif.scheduler import SchedulerConfig, kv_pool_blocks
 from gates.whatif.search import SimSettings, Workload, at_rate, capacity, low_load
 from gates.whatif.shape import ModelShape, stage_format
 from gates.whatif.steptime import Roofline
+from infra.errors import SpecError
+from infra.values import MAX_COUNT
 from load.profile import LoadProfile, Slo
 
 __all__ = [
@@ -146,6 +149,8 @@ def whatif_table(
     settings: simulated requests per rate, seed, bisection steps (defaults: 2,000, 0, 10).
     """
     scheduler = scheduler or SchedulerConfig()
+    if rate is not None:
+        check_rate(rate, settings or SimSettings())
     shape = ModelShape.from_config(dict(config_json))
     targets = [device(gpu) if isinstance(gpu, str) else gpu for gpu in gpus]
     rows = [
@@ -154,6 +159,21 @@ def whatif_table(
         for target in targets
     ]
     return pd.DataFrame(rows)
+
+
+def check_rate(rate: float, settings: SimSettings) -> None:
+    """Refuse a rate the simulation cannot run: not a finite number above 0, or one whose
+    warm-up alone draws more arrivals than one run can mean (each is an array element)."""
+    if not 0 < rate < float("inf"):  # nan compares false: refused too
+        raise SpecError(f"--rate must be a finite number above 0 req/s, got {rate:g}")
+    warmup = math.ceil(rate * settings.warmup_s)
+    if settings.max_warmup_requests is not None:
+        warmup = min(warmup, settings.max_warmup_requests)
+    if warmup + settings.measured_requests > MAX_COUNT:
+        most = (MAX_COUNT - settings.measured_requests) / max(settings.warmup_s, 1e-9)
+        raise SpecError(f"--rate {rate:g} req/s: the simulation would draw {float(warmup):.3g} warm-up "
+                        f"arrivals ({settings.warmup_s:g} s at that rate), over {MAX_COUNT:,} in one "
+                        f"run; give a rate of at most {most:,.0f} req/s")
 
 
 def markdown(table: pd.DataFrame, workload: Workload) -> str:

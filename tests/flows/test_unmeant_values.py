@@ -114,8 +114,8 @@ CASES = [
     ("profile duration .inf", profile(requests=None, warmup_requests=None, duration_s=INF),
      "field 'duration_s': Input should be a finite number (got inf)"),
     ("profile duration 1e18 s", profile(requests=None, warmup_requests=None, duration_s=1e18),
-     "field 'duration_s': at most 86,400 s (a day: a longer wait cannot be meant); give a "
-     "smaller value (got 1e+18)"),
+     "field 'duration_s': at most 86,400 s (a day: a longer wait cannot be meant; set soak: true "
+     "to ask for up to 30 days); give a smaller value (got 1e+18)"),
     ("profile request timeout 1e18 s", profile(request_timeout_s=1e18),
      "field 'request_timeout_s': at most 86,400 s"),
     ("profile capacity max_rate .inf", profile(capacity={"max_rate": INF}),

@@ -56,3 +56,28 @@ def test_an_infinite_number_is_named_with_its_field_and_what_to_do(tmp_path):
             load_model(path, Limits)
         assert str(raised.value).startswith(
             f"{path}: field 'max_kl': Input should be a finite number (got {shown}); give a finite value")
+
+
+def test_an_enum_typo_is_named_with_the_closest_choice(tmp_path):
+    from load.profile import load_profile
+
+    path = tmp_path / "profile.yaml"
+    path.write_text("high_users: 2\nprompt_tokens: 8\noutput_tokens: 4\nrequests: 3\n"
+                    "prompts: {source: evalsets, name: math}\n")
+    with pytest.raises(SpecError) as raised:
+        load_profile(path)
+    assert str(raised.value) == (f"{path}: field 'prompts.source': 'evalsets' is not one of its "
+                                 "choices; did you mean 'evalset'? (valid: evalset, file, random)")
+
+
+def test_a_misspelt_kind_of_a_tagged_union_is_named_at_its_tag():
+    from pydantic import ValidationError
+
+    from evalsets.spec import EvalSetSpec
+    from infra.yamlfile import describe_validation_error
+
+    with pytest.raises(ValidationError) as raised:
+        EvalSetSpec.model_validate({"name": "x", "path": "x.jsonl", "scorer": {"kind": "numerc"}})
+    assert describe_validation_error("spec.yaml", raised.value, EvalSetSpec) == (
+        "spec.yaml: field 'scorer.kind': 'numerc' is not one of its choices; did you mean "
+        "'numeric'? (valid: choice, code, exact, instructions, json, numeric, regex)")
