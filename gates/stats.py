@@ -16,6 +16,9 @@ class Interval:
     high: float
 
 
+BATCH_VALUES = 1 << 24  # values resampled in one go: 128 MiB of floats
+
+
 def mean_ci(values: np.ndarray, confidence: float, resamples: int, seed: int) -> Interval:
     """Bootstrap CI of the mean of paired per-item differences (BCa; percentile if degenerate)."""
     values = np.asarray(values, dtype=float)
@@ -24,12 +27,17 @@ def mean_ci(values: np.ndarray, confidence: float, resamples: int, seed: int) ->
         # Every item moved by the same amount: resampling cannot show any spread.
         return Interval(estimate, estimate, estimate)
     rng = np.random.default_rng(seed)
+    # scipy resamples (and BCa's jackknife leaves one out of) every item at once unless batched:
+    # n x n floats, GiBs at 10k+ items. Batches draw the same numbers, so small sets are as before.
+    batch = None if values.size * max(resamples, values.size) <= BATCH_VALUES else max(
+        1, BATCH_VALUES // values.size)
     result = stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
-                             method="BCa", random_state=rng)
+                             method="BCa", random_state=rng, batch=batch)
     low, high = result.confidence_interval
     if not (math.isfinite(low) and math.isfinite(high)):
         result = stats.bootstrap((values,), np.mean, confidence_level=confidence,
-                                 n_resamples=resamples, method="percentile", random_state=rng)
+                                 n_resamples=resamples, method="percentile", random_state=rng,
+                                 batch=batch)
         low, high = result.confidence_interval
     return Interval(estimate, float(low), float(high))
 

@@ -90,3 +90,27 @@ def test_one_block_has_no_spread_and_gets_the_whole_range_of_its_values():
     assert ci.estimate == pytest.approx(values.mean())
     assert (ci.low, ci.high) == (values.min(), values.max())
     assert stats.block_bootstrap(np.full(64, 0.5), [64], 64, 0.95, 2000, 0).high == 0.5
+
+
+def test_a_large_pool_is_resampled_in_batches_that_give_the_same_interval(monkeypatch):
+    import gates.stats
+
+    values = np.random.default_rng(3).normal(size=600)
+    whole = gates.stats.mean_ci(values, 0.95, 1000, 7)
+    monkeypatch.setattr(gates.stats, "BATCH_VALUES", 10_000)  # 16 resamples a batch
+    assert gates.stats.mean_ci(values, 0.95, 1000, 7) == whole
+
+
+def test_twelve_thousand_paired_items_need_no_gibibytes():
+    import tracemalloc
+
+    from gates.stats import mean_ci
+
+    values = np.random.default_rng(4).normal(size=12_000)
+    tracemalloc.start()
+    try:
+        mean_ci(values, 0.95, 2000, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 30, f"{peak / 2**20:.0f} MiB"  # unbatched, BCa's jackknife alone is 1.1 GiB
