@@ -65,14 +65,17 @@ def run(
 ) -> None:
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
-    from flows.acceptance import acceptance
     from flows.interrupt import install, restore
-    from flows.preflight import checked
-    from flows.settings import check_writable, load_settings
 
     started, settings = time.time(), None
-    install(lambda: _kept_on_interrupt(spec, settings, started))  # from the first check on
+    # Before the flow's imports (Prefect, MLflow, lm-eval: seconds): a signal while they load
+    # ends the run as one later does, 130 and its one line.
+    install(lambda: _kept_on_interrupt(spec, settings, started))
     try:
+        from flows.acceptance import acceptance
+        from flows.preflight import checked
+        from flows.settings import check_writable, load_settings
+
         checked(spec)  # fail fast, before Prefect and any engine start
         settings = load_settings()
         check_writable(settings)  # not an hour in, after the engines measured
