@@ -8,7 +8,10 @@ ends the process after `GRACE_S` even when a library thread would keep it alive,
 processes it started (SIGTERM, then SIGKILL): at most GRACE_S + 2 * KILL_S = 13 s in all.
 
 Either signal ends the run with EXIT_CODE, 130: the run was stopped on purpose, whoever sent the
-signal (a terminal's Ctrl-C, `kill`, a CI runner's SIGTERM), and what is kept is the same.
+signal (a terminal's Ctrl-C, `kill`, a CI runner's SIGTERM), and what is kept is the same. So
+does SIGHUP (the terminal closed, an ssh session dropped), unless the run ignores it (`nohup`):
+the engines run in sessions of their own, so a hang-up that ended quantgate at once would leave
+them serving.
 `restore()` hands the signals back when the run ends without one (the CLI called in-process).
 `kept_line` is that line for `quantgate run`: the stages it stored, its folder, how to resume.
 """
@@ -49,9 +52,12 @@ def interrupted() -> int | None:
 
 
 def install(describe: Callable[[], str]) -> None:
-    """Handle SIGINT and SIGTERM from now on; `describe()` says what was kept (the last line)."""
+    """Handle SIGINT, SIGTERM and SIGHUP from now on; `describe()` says what was kept (the last
+    line). A SIGHUP ignored already (`nohup quantgate run`) stays ignored."""
     _State.describe = staticmethod(describe)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue
         previous = signal.signal(sig, _on_signal)
         if previous is not _on_signal:
             _State.previous[sig] = previous
