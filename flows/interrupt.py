@@ -8,14 +8,19 @@ ends the process after `GRACE_S` even when a library thread would keep it alive,
 processes it started (SIGTERM, then SIGKILL): at most GRACE_S + 2 * KILL_S = 13 s in all.
 
 Either signal ends the run with EXIT_CODE, 130: the run was stopped on purpose, whoever sent the
-signal (a terminal's Ctrl-C, `kill`, a CI runner's SIGTERM), and what is kept is the same.
+signal (a terminal's Ctrl-C, `kill`, a CI runner's SIGTERM), and what is kept is the same. So
+does SIGHUP (the terminal closed, an ssh session dropped), unless the run ignores it (`nohup`):
+the engines run in sessions of their own, so a hang-up that ended quantgate at once would leave
+them serving.
 `restore()` hands the signals back when the run ends without one (the CLI called in-process).
+`kept_line` is that line for `quantgate run`: the stages it stored, its folder, how to resume.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -23,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from infra.process import stop_processes
 
@@ -46,9 +52,12 @@ def interrupted() -> int | None:
 
 
 def install(describe: Callable[[], str]) -> None:
-    """Handle SIGINT and SIGTERM from now on; `describe()` says what was kept (the last line)."""
+    """Handle SIGINT, SIGTERM and SIGHUP from now on; `describe()` says what was kept (the last
+    line). A SIGHUP ignored already (`nohup quantgate run`) stays ignored."""
     _State.describe = staticmethod(describe)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue
         previous = signal.signal(sig, _on_signal)
         if previous is not _on_signal:
             _State.previous[sig] = previous
@@ -146,3 +155,58 @@ def finish() -> None:
         with contextlib.suppress(OSError):
             os.write(target, line.encode())
         os._exit(EXIT_CODE)
+
+
+def kept_line(spec: Path, settings, started: float, no_cache: bool = False) -> str:
+    """An interrupted `quantgate run`'s last words: what stopped, what was kept, how to resume.
+
+    `settings` is None while the spec is still being checked; `started` (epoch seconds) tells
+    this run's files from older ones."""
+    command = f"quantgate run {spec}"
+    if settings is None:
+        return (f"`{command}` stopped while its spec was checked, before any engine started; "
+                "nothing was measured; run the same command again to start")
+    results = settings.results_dir.resolve()
+    folder = _run_folder(results, spec, started)
+    done = [] if folder is None else _stored_stages(folder, started, settings.stage_cache_dir)
+    kept = (f"measured stage(s) {', '.join(done)} kept in the stage cache "
+            f"{settings.stage_cache_dir}" if done else "no stage had finished")
+    # --no-cache measures every stage again: resuming is the command without it.
+    again = (f"run `quantgate run {spec}` (without --no-cache) to resume" if no_cache
+             else "run the same command again to resume")
+    return (f"`{command}` stopped and its engines with it; {kept}; partial results under "
+            f"{folder or results}; {again} (stored stages are reused, not measured again)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # not written yet, or half written when the signal came
+
+
+def _run_folder(results: Path, spec: Path, started: float) -> Path | None:
+    """This run's results folder: the newest manifest written since `started` for this spec."""
+    ours = []
+    for manifest in results.glob("*/manifest.json"):
+        with contextlib.suppress(OSError):
+            if manifest.stat().st_mtime >= started and \
+                    _read_json(manifest).get("spec_path") == str(spec):
+                ours.append((manifest.stat().st_mtime, manifest.parent))
+    return max(ours)[1] if ours else None
+
+
+def _stored_stages(folder: Path, started: float, cache: Path) -> list[str]:
+    """The stages this run measured and stored in the stage cache `cache` (a control stage or
+    one that failed is not stored there; a reused one was stored before)."""
+    manifest = _read_json(folder / "manifest.json")
+    done = []
+    for name in manifest.get("stages", []):
+        path = folder / name / "stage.json"
+        record = _read_json(path)
+        key = record.get("cache_key")
+        with contextlib.suppress(OSError):
+            if (key and record.get("kind") != "control" and name not in manifest.get("reused", {})
+                    and path.stat().st_mtime >= started and (cache / key).is_dir()):
+                done.append(name)
+    return done

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -66,14 +65,17 @@ def run(
 ) -> None:
     """Run the acceptance flow for one candidate; exit 0 go, 1 rollback, 2 invalid input."""
     os.environ.update({k: v for k, v in QUIET_ENV.items() if k not in os.environ})
-    from flows.acceptance import acceptance
-    from flows.interrupt import install, restore
-    from flows.preflight import checked
-    from flows.settings import check_writable, load_settings
+    from flows.interrupt import install, kept_line, restore
 
     started, settings = time.time(), None
-    install(lambda: _kept_on_interrupt(spec, settings, started))  # from the first check on
+    # Before the flow's imports (Prefect, MLflow, lm-eval: seconds): a signal while they load
+    # ends the run as one later does, 130 and its one line.
+    install(lambda: kept_line(spec, settings, started, no_cache))
     try:
+        from flows.acceptance import acceptance
+        from flows.preflight import checked
+        from flows.settings import check_writable, load_settings
+
         checked(spec)  # fail fast, before Prefect and any engine start
         settings = load_settings()
         check_writable(settings)  # not an hour in, after the engines measured
@@ -84,23 +86,3 @@ def run(
         restore()
     print_verdict(verdict)
     raise typer.Exit(verdict.exit_code)
-
-
-def _kept_on_interrupt(spec: Path, settings, started: float) -> str:
-    """The interrupted run's last line: what stopped, what was kept, how to resume."""
-    import json
-
-    if settings is None:
-        return (f"`quantgate run {spec}` stopped while its spec was checked, before any engine "
-                "started; nothing was measured; run the same command again to start")
-    results = settings.results_dir.resolve()
-    done = []
-    for path in sorted(results.glob("*/*/stage.json")):
-        with contextlib.suppress(OSError, ValueError):
-            if path.stat().st_mtime >= started and json.loads(path.read_text()).get("error") is None:
-                done.append(path.parent.name)  # measured by this run, and so in the stage cache
-    kept = (f"measured stage(s) {', '.join(done)} kept in the stage cache "
-            f"{settings.stage_cache_dir}" if done else "no stage had finished")
-    return (f"`quantgate run {spec}` stopped and its engines with it; {kept}; partial results "
-            f"under {results}; run the same command again to resume (stored stages are reused, "
-            "not measured again)")

@@ -203,8 +203,8 @@ def test_a_run_that_ends_hands_the_signals_back(tmp_path, monkeypatch):
 
 
 def test_interrupted_while_the_spec_is_checked_says_nothing_was_measured(tmp_path):
-    from flows.commands.running import _kept_on_interrupt
+    from flows.interrupt import kept_line
 
-    line = _kept_on_interrupt(tmp_path / "spec.yaml", None, 0.0)
+    line = kept_line(tmp_path / "spec.yaml", None, 0.0)
     assert line.startswith(f"`quantgate run {tmp_path / 'spec.yaml'}` stopped while its spec was "
                            "checked, before any engine started; nothing was measured")
