@@ -25,6 +25,7 @@ from infra.safetensors_check import check_safetensors
 from tests.flows.checkpoints import W4A16, W8A8, make_checkpoint, safetensors_bytes
 from tests.flows.test_bad_inputs import base_spec, tiny_tokenizer
 from tests.flows.test_fuzz import FUZZ_EXAMPLES, damaged, one_error_line, values
+from tests.flows.test_fuzz_hostile import BOUND_S, one_line_or_valid
 from tests.gates.test_stored_tree import deadline
 from tests.infra.test_cpu_support import AVX512
 
@@ -32,7 +33,6 @@ runner = CliRunner()
 FAST = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 SLOW = settings(FAST, max_examples=FUZZ_EXAMPLES // 4)  # a child process or `validate` each
-BOUND_S = 30
 
 # What a hand-edited or half-written config holds where a number or a name belongs.
 hostile = st.one_of(
@@ -46,16 +46,6 @@ CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attentio
                  "num_key_value_heads", "head_dim", "intermediate_size", "model_type",
                  "architectures", "tie_word_embeddings", "torch_dtype", "text_config",
                  "num_local_experts")
-
-
-def one_line_or_valid(call, *args):
-    """Run `call`; a QuantgateError must be one non-empty line. The result, or the error."""
-    with deadline(BOUND_S):
-        try:
-            return call(*args)
-        except QuantgateError as err:
-            assert "\n" not in str(err) and str(err).strip(), repr(err)
-            return err
 
 
 @st.composite
