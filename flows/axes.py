@@ -85,7 +85,7 @@ class Axes(BaseModel):
 
 
 def _format_args(args: dict[str, Any] | None, with_dynamic: bool) -> str:
-    if not args:
+    if args is None:  # an empty {} is every default: 8-bit int, per tensor
         return "none"
     # compressed-tensors' defaults: 8-bit int, the strategy inferred from group_size.
     kind = str(args.get("type") or "int").lower()

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,8 +18,9 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, Field, computed_field
 
-from infra.checkpoint import read_config
+from infra.checkpoint import check_checkpoint, read_config
 from infra.errors import CheckpointError, QuantgateError, SpecError, did_you_mean
+from infra.paths import follow, links_out_of, shown
 from infra.yamlfile import read_yaml
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ def poll(client: MlflowClient, watched: list[str], seen: set[str]) -> list[Candi
     """
     found = []
     for model in watched:
+        check_model_name(model)
         for version in sorted(_versions(client, model), key=lambda v: int(v.version)):
             candidate = admit(client, version, seen)
             if candidate is not None:
@@ -120,7 +123,7 @@ def mark(client: MlflowClient, candidate: Candidate, status: str, **tags: object
 def _versions(client: MlflowClient, model: str) -> Iterator[ModelVersion]:
     token = None
     while True:
-        page = client.search_model_versions(f"name='{model}'", page_token=token)
+        page = client.search_model_versions(_name_filter(model), page_token=token)
         yield from page
         token = page.token
         if not token:
@@ -195,19 +198,113 @@ def _absolute(value: object, base: Path) -> str:
 
 # --- checkpoints as version sources ---------------------------------------------------------------
 
+# registered_models.name is a String(256) column (mlflow/store/model_registry/dbmodels/models.py).
+MODEL_NAME_LIMIT = 256
+
+
 def check_model_name(model: str) -> None:
-    """Refuse, before any store is opened, a registered-model name MLflow would refuse."""
+    """Refuse, before any store is opened, a registered-model name MLflow would refuse, or one
+    that a store or the registry's search filter cannot hold (quantgate polls `name='...'`)."""
     from mlflow.exceptions import MlflowException
     from mlflow.utils.validation import _validate_model_name  # the registry's own rule
 
     from flows.tracking import mlflow_message
 
+    plain = re.sub(r"[/:'\"\x00-\x1f\x7f]+", "-", model).strip(" .-")[:64] or "my-model"
     try:
         _validate_model_name(model)
     except MlflowException as err:
-        plain = re.sub(r"[/:]+", "-", model).strip(" .-") or "my-model"
-        raise RegistryError(f"model name {model!r}: MLflow refuses it ({mlflow_message(err)}); "
-                            f"choose a non-empty name without '/' or ':', such as {plain!r}") from err
+        raise RegistryError(f"model name {model!r}: MLflow refuses it "
+                            f"({shown(mlflow_message(err))}); choose a non-empty name without "
+                            f"'/' or ':', such as {plain!r}") from err
+    problem = None
+    if re.search(r"[\x00-\x1f\x7f]", model):
+        problem = "holds a control character (a NUL byte, a line break), which a store cannot hold"
+    elif len(model) > MODEL_NAME_LIMIT:
+        problem = f"is {len(model)} characters long, more than MLflow's {MODEL_NAME_LIMIT}"
+    elif model != model.strip():
+        problem = "starts or ends with a space, which no one types back"
+    elif "'" in model and '"' in model:
+        problem = "holds both quote marks, which the registry's search filter cannot quote"
+    if problem:
+        raise RegistryError(f"model name {model[:80]!r} {problem}; choose another name, "
+                            f"such as {plain!r}")
+
+
+def _name_filter(model: str) -> str:
+    """The search filter of one registered model (quoted with the mark the name lacks)."""
+    quote = '"' if "'" in model else "'"
+    return f"name={quote}{model}{quote}"
+
+
+# huggingface_hub's cache: <cache>/models--<org>--<name>/snapshots/<revision>/, whose files are
+# symlinks into <cache>/models--<org>--<name>/blobs/.
+HF_SNAPSHOT = re.compile(r"(^|/)models--[^/]+/snapshots/[^/]+/?$")
+
+
+def check_source(checkpoint: Path) -> Path:
+    """A checkpoint folder that may become a version's source, resolved: a model an engine can
+    serve (infra.checkpoint.check_checkpoint), holding its own files. A registered version gets
+    the folder's files (hard links, a copy, an upload), and a symlink is followed on the way: a
+    file linked in from outside the folder would be published with it, and a Hugging Face cache
+    snapshot is links into a cache that prunes and replaces revisions."""
+    try:
+        read_config(checkpoint)  # NUL bytes, loops, not a model: one line each
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; give register the folder of a checkpoint (its "
+                              "config.json and weight files)") from err
+    folder = checkpoint.resolve()
+    outside = links_out_of(folder)
+    if outside and HF_SNAPSHOT.search(str(folder)):
+        raise CheckpointError(f"checkpoint {folder} is a Hugging Face cache snapshot (its files "
+                              "are links into the cache's blobs); copy it out first, e.g. `hf "
+                              f"download REPO --revision {folder.name} --local-dir DIR` or `cp "
+                              f"-rL {folder} DIR`, and register DIR")
+    if outside:
+        link, target = outside[0]
+        more = f" (and {len(outside) - 1} more)" if len(outside) > 1 else ""
+        if target is None:
+            raise CheckpointError(f"checkpoint {folder}: {link.relative_to(folder)} is a symlink "
+                                  f"that leads to no file (its target is gone, or a loop){more}; "
+                                  "remove it, or copy the file it meant into the folder")
+        raise CheckpointError(f"checkpoint {folder}: {link.relative_to(folder)} is a symlink to "
+                              f"{target}, outside the checkpoint folder{more}; registering it "
+                              "would publish what it points at: copy the file into the folder "
+                              f"(`cp -rL {folder} DIR`, then register DIR)")
+    check_checkpoint(folder)  # what the engine reads: the service would fail it at intake
+    return folder
+
+
+def check_template(template: Path, stage: str | None, checkpoint: Path, model: str) -> Path:
+    """The spec template a version is registered with, resolved, once it takes `checkpoint` in
+    `stage` (default: its last) and loads: a template that cannot would be the version's error
+    at intake, after it was registered."""
+    found, problem = follow(template)
+    if problem or found is None:
+        raise SpecError(f"spec template {shown(template)} {problem or 'does not exist'}; pass "
+                        "--spec a spec file (e.g. flows/specs/demo.yaml)")
+    if not found.is_file():
+        raise SpecError(f"spec template {template} is not a file; pass --spec a spec file "
+                        "(e.g. flows/specs/demo.yaml)")
+    trial = Candidate(model=model, version="new", source=str(checkpoint), spec=found,
+                      stage=stage, tracking_uri="")
+    with tempfile.TemporaryDirectory(prefix="quantgate-register-") as scratch:
+        materialize(trial, Path(scratch))
+    return found
+
+
+def registration_tags(model: str, checkpoint: Path, spec: Path | None,
+                      stage: str | None) -> dict[str, str]:
+    """What `quantgate register` refuses before any store is opened (the name, the checkpoint,
+    the spec template and its stage), and the version tags it then registers with."""
+    check_model_name(model)
+    folder = check_source(checkpoint)
+    tags = {}
+    if spec is not None:
+        tags[SPEC] = str(check_template(spec, stage, folder, model))
+    if stage is not None:
+        tags[STAGE] = stage
+    return tags
 
 
 def register_checkpoint(client: MlflowClient, model: str, checkpoint: Path,
@@ -225,9 +322,8 @@ def register_checkpoint(client: MlflowClient, model: str, checkpoint: Path,
 
     from flows.tracking import mlflow_message
 
-    checkpoint = Path(checkpoint).resolve()
     check_model_name(model)
-    read_config(checkpoint)
+    checkpoint = check_source(Path(checkpoint))
     try:
         return _register(client, model, checkpoint, tags, experiment)
     except MlflowException as err:  # the store refused it: a name, a tag, a source

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 from infra.errors import CheckpointError
-from infra.jsonfile import read_json
+from infra.jsonfile import check_size, read_json, shown_value
+from infra.paths import follow, path_problem, shown
 from infra.quant_config import quantization_problem
 from infra.safetensors_check import check_safetensors
+from infra.tokenizer_probe import tokenizer_problem
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # fast, sentencepiece, BPE
@@ -21,6 +24,9 @@ _TOKENIZERS_LOADED: set[str] = set()
 
 def read_config(checkpoint: Path) -> dict[str, Any]:
     """The checkpoint's config.json, or a CheckpointError naming what is wrong."""
+    problem = path_problem(checkpoint)
+    if problem:
+        raise CheckpointError(f"checkpoint {shown(checkpoint)} {problem}")
     if not checkpoint.exists():
         if checkpoint.is_symlink():
             raise CheckpointError(f"checkpoint {checkpoint} is a symlink that leads to no folder (a "
@@ -30,6 +36,10 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {checkpoint} is not a directory")
     config_path = checkpoint / "config.json"
     if not config_path.is_file():
+        _, problem = follow(config_path) if config_path.is_symlink() else (None, None)
+        if problem:
+            raise CheckpointError(f"{config_path} {problem}; copy the model's config.json into "
+                                  "the checkpoint")
         raise CheckpointError(f"checkpoint {checkpoint} is not a model: no config.json")
     config = read_json(config_path)
     if not isinstance(config, dict):
@@ -39,10 +49,52 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
         raise CheckpointError(f"{config_path} is not a model config: no model_type or architectures")
     if not any(path.suffix in WEIGHT_SUFFIXES for path in checkpoint.iterdir()):
         raise CheckpointError(f"checkpoint {checkpoint} is not a model: no weight files")
-    problem = quantization_problem(config)
+    problem = config_problem(config) or quantization_problem(config)
     if problem:
         raise CheckpointError(f"{config_path}: {problem}")
     return config
+
+
+# config.json keys the engine sizes the model by: a positive integer each (a list of them, one per
+# layer, in a few architectures), or null for the architecture's default; MoE expert counts may be 0.
+SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+              "num_experts_per_tok")
+
+
+def _is_size(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def config_problem(config: dict[str, Any], field: str = "") -> str | None:
+    """What an engine would trip over in config.json's model keys (a size written as a string,
+    architectures as one name), as `field value; fix`, or None. `field`: the keys' prefix."""
+    for key, least in [*((k, 1) for k in SIZE_KEYS), *((k, 0) for k in COUNT_KEYS)]:
+        value = config.get(key)
+        if value is None or _is_size(value, least) or (
+                isinstance(value, list) and value and all(_is_size(v, least) for v in value)):
+            continue
+        hint = (f": write {value.strip()}" if isinstance(value, str) and value.strip().isdigit()
+                else f"; write {'a positive' if least else 'a'} whole number")
+        return f"{field}{key} is {shown_value(value)}{hint}"
+    for key, kind, what in (("model_type", str, 'the model type, e.g. "llama"'),
+                            ("torch_dtype", str, 'a dtype name, e.g. "bfloat16"'),
+                            ("dtype", str, 'a dtype name, e.g. "bfloat16"'),
+                            ("tie_word_embeddings", bool, "true or false")):
+        value = config.get(key)
+        if value is not None and not isinstance(value, kind):
+            return f"{field}{key} is {shown_value(value)}; write {what}"
+    names = config.get("architectures")
+    if names is not None and not (isinstance(names, list)
+                                  and all(isinstance(name, str) for name in names)):
+        return (f"{field}architectures is {shown_value(names)}; write a list of class names, "
+                'e.g. ["LlamaForCausalLM"]')
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        return (f"{field}text_config is {shown_value(text)}; write the language model's config "
+                "object, or remove the key")
+    return config_problem(text, f"{field}text_config.") if text is not None else None
 
 
 def check_checkpoint(checkpoint: Path) -> None:
@@ -57,6 +109,7 @@ def check_checkpoint(checkpoint: Path) -> None:
 
 
 def _check_tokenizer_json(path: Path) -> None:
+    check_size(path, "copy the base model's tokenizer.json into the checkpoint")
     data = path.read_bytes()
     if not data.strip():
         raise CheckpointError(f"{path} is empty ({len(data)} bytes); copy the base model's "
@@ -65,21 +118,21 @@ def _check_tokenizer_json(path: Path) -> None:
     if digest in _TOKENIZERS_LOADED:
         return
     try:
-        from tokenizers import Tokenizer
-    except ImportError:  # the engine brings it; without it, check what a loader reads first
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path} is not UTF-8 text: {err.reason}; copy the base "
+                              "model's tokenizer.json into the checkpoint") from err
+    if importlib.util.find_spec("tokenizers") is None:
+        # The engine brings the library; without it, check what a loader reads first.
         tokenizer = read_json(path)
         if not isinstance(tokenizer, dict) or "model" not in tokenizer:
             raise CheckpointError(f"{path} is not a tokenizer: no top-level \"model\"; copy the "
-                                  "base model's tokenizer.json into the checkpoint") from None
+                                  "base model's tokenizer.json into the checkpoint")
     else:
-        try:
-            Tokenizer.from_str(data.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            raise CheckpointError(f"{path} is not UTF-8 text: {err.reason}; copy the base "
-                                  "model's tokenizer.json into the checkpoint") from err
-        except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception
-            raise CheckpointError(f"{path} does not load as a tokenizer ({err}); copy the base "
-                                  "model's tokenizer.json into the checkpoint") from err
+        problem = tokenizer_problem(path)
+        if problem:
+            raise CheckpointError(f"{path} {problem}; copy the base model's tokenizer.json into "
+                                  "the checkpoint")
     _TOKENIZERS_LOADED.add(digest)
 
 
@@ -95,6 +148,10 @@ def check_tokenizer(checkpoint: Path) -> None:
             read_json(checkpoint / "vocab.json"), dict):
         raise CheckpointError(f"{checkpoint / 'vocab.json'} is not a vocabulary (a JSON object of "
                               "token: id); copy the base model's vocab.json into the checkpoint")
+    elif (checkpoint / "tokenizer.model").is_file() and \
+            (checkpoint / "tokenizer.model").stat().st_size == 0:
+        raise CheckpointError(f"{checkpoint / 'tokenizer.model'} is empty (0 bytes); copy the base "
+                              "model's tokenizer.model into the checkpoint")
     chat_template(checkpoint)  # tokenizer_config.json and the template must read
 
 
@@ -109,8 +166,8 @@ def chat_template(checkpoint: Path) -> tuple[str | None, str]:
         raise CheckpointError(f"{config_path} is a JSON {type(config).__name__}, not an object; "
                               "copy the base model's tokenizer_config.json into the checkpoint")
     if jinja.is_file():
-        try:
-            return jinja.read_text(encoding="utf-8"), str(jinja)
+        try:  # as its bytes read, line ends and all: the comparability gate hashes the bytes
+            return jinja.read_bytes().decode("utf-8"), str(jinja)
         except UnicodeDecodeError as err:
             raise CheckpointError(f"{jinja} is not UTF-8 text: {err.reason}; copy the base "
                                   f"model's {TEMPLATE_FILE} into the checkpoint") from err
@@ -151,7 +208,8 @@ def check_same_chat_template(stage: str, checkpoint: Path, baseline: Path) -> No
         return
     detail = ""
     if mine is not None and theirs is not None:
-        lines, base_lines = mine.splitlines(), theirs.splitlines()
+        # Line ends kept: a template that differs only in them (CRLF) differs for the gate too.
+        lines, base_lines = mine.splitlines(keepends=True), theirs.splitlines(keepends=True)
         line = next((i for i, (a, b) in enumerate(zip(lines, base_lines, strict=False)) if a != b),
                     min(len(lines), len(base_lines)))
         detail = f" (first difference at line {line + 1})"
@@ -163,9 +221,17 @@ def check_same_chat_template(stage: str, checkpoint: Path, baseline: Path) -> No
         fix = (f"copy the baseline's chat_template into {checkpoint / 'tokenizer_config.json'}"
                + (f" and remove {checkpoint / TEMPLATE_FILE}" if mine_at.endswith(TEMPLATE_FILE)
                   else ""))
-    raise CheckpointError(f"stage {stage!r}: chat template {mine_at} differs from the baseline's "
-                          f"{theirs_at}{detail}; the comparability gate would fail the stage "
-                          f"after both ran, and no stage option accepts another template: {fix}")
+    raise CheckpointError(f"stage {stage!r}: chat template {mine_at} ({template_digest(mine)}) "
+                          f"differs from the baseline's {theirs_at} ({template_digest(theirs)})"
+                          f"{detail}; the comparability gate would fail the stage after both "
+                          f"ran, and no stage option accepts another template: {fix}")
+
+
+def template_digest(template: str | None) -> str:
+    """`sha256 <16 hex>` of a chat template's text, the digest the comparability gate reports."""
+    if template is None:
+        return "no template"
+    return f"sha256 {hashlib.sha256(template.encode()).hexdigest()[:16]}"
 
 
 def _file_digest(path: Path) -> str:

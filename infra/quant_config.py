@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra.errors import did_you_mean
+from infra.jsonfile import shown_value
 
 # compressed-tensors' QuantizationStrategy, QuantizationType and ActivationOrdering values.
 STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
@@ -22,6 +23,12 @@ GPTQ_BITS = (4, 8)
 AWQ_BITS = (4,)
 FP8_ACTIVATION_SCHEMES = ("static", "dynamic")
 KV_STRATEGIES = ("tensor", "attn_head")  # what vLLM's compressed-tensors KV cache takes
+# compressed-tensors' CompressionFormat and QuantizationStatus values (the same in 0.17, which vLLM
+# loads with, and 0.19, which llmcompressor writes with).
+FORMATS = ("dense", "sparse-bitmask", "sparse-24-bitmask", "int-quantized", "float-quantized",
+           "naive-quantized", "pack-quantized", "marlin-24", "mixed-precision",
+           "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
+STATUSES = ("initialized", "calibration", "frozen", "compressed", "decompressed")
 EMULATED_EXAMPLE = ('{"method": "dequantized", "source": ..., "quantization_config": {...}}, as '
                     "infra/make_candidates.py writes it")
 
@@ -33,43 +40,34 @@ class _Bad(Exception):
         super().__init__(f"{field} {text}")
 
 
-def _shown(value: Any) -> str:
-    """The value as it reads in the JSON file, and its JSON type where that is the problem."""
-    if value is None:
-        return "null"
-    text = json.dumps(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), "a number")
-    return f"{text} ({kind})"
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _object(value: Any, field: str, what: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise _Bad(field, f"is {_shown(value)}, not an object; {what}")
+        raise _Bad(field, f"is {shown_value(value)}, not an object; {what}")
     return value
 
 
 def _choice(args: Mapping[str, Any], key: str, field: str, choices: tuple[str, ...],
-            default: str | None) -> str | None:
+            default: str | None, fold_case: bool = True) -> str | None:
+    """One of compressed-tensors' enum values; its args fold the case (QuantizationArgs'
+    validators), its config's format and status do not."""
     value = args.get(key, default)
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _Bad(f"{field}.{key}", f"is {_shown(value)}; write one of "
+        raise _Bad(f"{field}.{key}", f"is {shown_value(value)}; write one of "
                    f"{', '.join(map(json.dumps, choices))}")
-    if value.lower() not in choices:
+    if (value.lower() if fold_case else value) not in choices:
         raise _Bad(f"{field}.{key}", f"is {json.dumps(value)}; {did_you_mean(value, choices)}")
     return value.lower()
 
 
 def _flag(args: Mapping[str, Any], key: str, field: str) -> None:
     if key in args and args[key] is not None and not isinstance(args[key], bool):
-        raise _Bad(f"{field}.{key}", f"is {_shown(args[key])}; write true or false")
+        raise _Bad(f"{field}.{key}", f"is {shown_value(args[key])}; write true or false")
 
 
 def _bits(value: Any, field: str, valid: tuple[int, ...] | range, what: str) -> int:
@@ -79,7 +77,7 @@ def _bits(value: Any, field: str, valid: tuple[int, ...] | range, what: str) -> 
         raise _Bad(field, f"is missing (or null); {what} needs its number of bits: {choices}")
     if not _is_int(value):
         hint = f": write {value.strip()}" if isinstance(value, str) and value.strip().isdigit() else ""
-        raise _Bad(field, f"is {_shown(value)}, not an integer number of bits{hint}")
+        raise _Bad(field, f"is {shown_value(value)}, not an integer number of bits{hint}")
     if value not in valid:
         # Wider than 8 bits is no quantization at all: such layers belong in `ignore`.
         hint = ("; layers kept in the model dtype go in the config's ignore list" if value > 8
@@ -92,7 +90,7 @@ def _group_size(value: Any, field: str) -> int | None:
     if value is None:
         return None
     if not _is_int(value) or value < -1 or value == 0:
-        raise _Bad(field, f"is {_shown(value)}; write a positive group size (e.g. 128), or -1 "
+        raise _Bad(field, f"is {shown_value(value)}; write a positive group size (e.g. 128), or -1 "
                    "for one scale per channel")
     return value
 
@@ -109,7 +107,7 @@ def check_args(args: Mapping[str, Any], field: str, kv_cache: bool = False) -> N
     if strategy is None:  # compressed-tensors infers it from group_size
         strategy = "tensor" if group_size is None else ("group" if group_size > 0 else "channel")
     if strategy in ("group", "tensor_group") and (group_size is None or group_size <= 0):
-        raise _Bad(f"{field}.group_size", f"is {_shown(group_size)}, but strategy {strategy!r} "
+        raise _Bad(f"{field}.group_size", f"is {shown_value(group_size)}, but strategy {strategy!r} "
                    "needs a positive group size (e.g. 128)")
     if group_size is not None and group_size > 0 and strategy not in ("group", "tensor_group"):
         raise _Bad(f"{field}.strategy", f"is {strategy!r} with group_size {group_size}; set "
@@ -117,14 +115,14 @@ def check_args(args: Mapping[str, Any], field: str, kv_cache: bool = False) -> N
     block = args.get("block_structure")
     if block is not None and not (isinstance(block, list) and len(block) == 2
                                   and all(_is_int(n) and n > 0 for n in block)):
-        raise _Bad(f"{field}.block_structure", f"is {_shown(block)}; write two positive "
+        raise _Bad(f"{field}.block_structure", f"is {shown_value(block)}; write two positive "
                    "integers [rows, cols], e.g. [128, 128]")
     if (strategy == "block") != (block is not None):
         raise _Bad(f"{field}.strategy", f"is {strategy!r} with block_structure "
-                   f"{_shown(block)}; the block strategy and a block_structure go together")
+                   f"{shown_value(block)}; the block strategy and a block_structure go together")
     dynamic = args.get("dynamic", False)
     if not (isinstance(dynamic, bool) or dynamic == "local"):
-        raise _Bad(f"{field}.dynamic", f"is {_shown(dynamic)}; write true, false or \"local\"")
+        raise _Bad(f"{field}.dynamic", f"is {shown_value(dynamic)}; write true, false or \"local\"")
     if strategy == "token" and not dynamic:
         raise _Bad(f"{field}.dynamic", "is false with strategy \"token\"; per-token scales are "
                    "computed at run time: set dynamic true")
@@ -142,7 +140,7 @@ def check_args(args: Mapping[str, Any], field: str, kv_cache: bool = False) -> N
         raise _Bad(f"{field}.actorder", f"is {json.dumps(actorder)} with strategy {strategy!r}; "
                    "group activation ordering takes strategy \"group\"")
     if args.get("observer") is not None and not isinstance(args["observer"], str):
-        raise _Bad(f"{field}.observer", f"is {_shown(args['observer'])}; write an observer "
+        raise _Bad(f"{field}.observer", f"is {shown_value(args['observer'])}; write an observer "
                    "name (e.g. \"minmax\") or null")
     if args.get("observer_kwargs") is not None:
         _object(args["observer_kwargs"], f"{field}.observer_kwargs", "write {} or leave it out")
@@ -154,7 +152,7 @@ def check_args(args: Mapping[str, Any], field: str, kv_cache: bool = False) -> N
 
 def _strings(value: Any, field: str, what: str) -> None:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise _Bad(field, f"is {_shown(value)}; write a list of {what}")
+        raise _Bad(field, f"is {shown_value(value)}; write a list of {what}")
 
 
 def _compressed_tensors(qc: Mapping[str, Any], field: str) -> None:
@@ -172,6 +170,7 @@ def _compressed_tensors(qc: Mapping[str, Any], field: str) -> None:
         group = _object(group, where, "write a scheme with targets, weights, input_activations")
         _strings(group.get("targets"), f"{where}.targets", "the layers it applies to, e.g. "
                  "[\"Linear\"]")
+        _choice(group, "format", where, FORMATS, None, fold_case=False)
         for role in ("weights", "input_activations", "output_activations"):
             args = group.get(role)
             if args is not None:
@@ -184,9 +183,11 @@ def _compressed_tensors(qc: Mapping[str, Any], field: str) -> None:
                            "\"tensor\"}, or null"), f"{field}.kv_cache_scheme", kv_cache=True)
     if qc.get("ignore") is not None:
         _strings(qc["ignore"], f"{field}.ignore", "layer names, e.g. [\"lm_head\"]")
-    if qc.get("format") is not None and not isinstance(qc["format"], str):
-        raise _Bad(f"{field}.format", f"is {_shown(qc['format'])}; write the format name, e.g. "
-                   "\"pack-quantized\"")
+    _choice(qc, "format", field, FORMATS, None, fold_case=False)
+    _choice(qc, "quantization_status", field, STATUSES, None, fold_case=False)
+    for key in ("sparsity_config", "transform_config"):
+        if qc.get(key) is not None:
+            _object(qc[key], f"{field}.{key}", "write {} or null")
 
 
 def _group_size_of(qc: Mapping[str, Any], keys: tuple[str, ...], field: str, method: str) -> None:
@@ -207,7 +208,7 @@ def check_quantization_config(qc: Any, field: str = "quantization_config") -> No
                    "quantizer's config (with quant_method)")
     method = qc.get("quant_method")
     if not isinstance(method, str):
-        shown = _shown(method) if method is not None else "missing"
+        shown = shown_value(method) if method is not None else "missing"
         raise _Bad(f"{field}.quant_method", f"is {shown}; write the method, e.g. "
                    "\"compressed-tensors\", \"gptq\", \"awq\" or \"fp8\"")
     method = method.lower()
@@ -226,12 +227,12 @@ def check_quantization_config(qc: Any, field: str = "quantization_config") -> No
     elif method == "fp8":
         scheme = qc.get("activation_scheme")
         if scheme not in FP8_ACTIVATION_SCHEMES:
-            shown = _shown(scheme) if scheme is not None else "missing"
+            shown = shown_value(scheme) if scheme is not None else "missing"
             raise _Bad(f"{field}.activation_scheme", f"is {shown}; write \"dynamic\" or \"static\"")
         block = qc.get("weight_block_size")
         if block is not None and not (isinstance(block, list) and len(block) == 2
                                       and all(_is_int(n) and n > 0 for n in block)):
-            raise _Bad(f"{field}.weight_block_size", f"is {_shown(block)}; write two positive "
+            raise _Bad(f"{field}.weight_block_size", f"is {shown_value(block)}; write two positive "
                        "integers, e.g. [128, 128], or null")
         if block is not None and scheme != "dynamic":
             raise _Bad(f"{field}.activation_scheme", f"is {json.dumps(scheme)} with "

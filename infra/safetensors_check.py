@@ -8,6 +8,7 @@ the file. Only headers are read, never the weights.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import CheckpointError, did_you_mean
-from infra.jsonfile import parse_json, read_json
+from infra.jsonfile import parse_json, read_json, shown_value
 
 INDEX = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
@@ -93,6 +94,9 @@ def tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
         if data_start + offsets[1] > size:
             raise CheckpointError(f"{where}: its data ends at byte {data_start + offsets[1]}, past "
                                   f"the end of the {size}-byte file (truncated); {REMAKE}")
+        if name.endswith(".weight") and 0 in shape:
+            raise CheckpointError(f"{where}: shape {shape} holds no values (an empty weight); "
+                                  f"{REMAKE}")
         bits = math.prod(shape) * DTYPE_BITS[dtype]
         if bits != 8 * (offsets[1] - offsets[0]):
             raise CheckpointError(f"{where}: {dtype} {shape} takes {bits / 8:g} bytes but its "
@@ -104,6 +108,9 @@ def tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
             raise CheckpointError(f"{path} (safetensors header) tensor {name!r} starts at data byte "
                                   f"{begin}, not {end} where the tensor before it ends; {REMAKE}")
         end = stop
+    if end == 0:
+        raise CheckpointError(f"{path} holds no weight data: its header lists {len(spans)} "
+                              f"tensor{'s' if len(spans) > 1 else ''}, every one empty; {REMAKE}")
     if data_start + end != size:
         raise CheckpointError(f"{path} is {size} bytes but its header accounts for "
                               f"{data_start + end}; {REMAKE}")
@@ -122,13 +129,19 @@ def check_safetensors(checkpoint: Path, config: dict[str, Any] | None = None) ->
         check_shapes(checkpoint, shapes, config)
         return
     index = read_json(index_path)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not (isinstance(weight_map, dict) and weight_map
-            and all(isinstance(f, str) for f in weight_map.values())):
-        raise CheckpointError(f"{index_path}: weight_map is {str(weight_map)[:60]}, not an object "
-                              "mapping each weight to its file; save the checkpoint again")
+    if not isinstance(index, dict):
+        raise CheckpointError(f"{index_path} is {shown_value(index)}, not an object with a "
+                              "weight_map; save the checkpoint again")
+    weight_map = index.get("weight_map")
+    if not (isinstance(weight_map, dict) and weight_map):
+        raise CheckpointError(f"{index_path}: weight_map is {str(weight_map)[:60]}, not an "
+                              "object mapping each weight to its file; save the checkpoint again")
     by_file: dict[str, list[str]] = {}
     for weight, file in weight_map.items():
+        problem = shard_name_problem(file)
+        if problem:
+            raise CheckpointError(f"{index_path}: weight_map[{json.dumps(weight)[:80]}] is "
+                                  f"{shown_value(file)}, {problem}; save the checkpoint again")
         by_file.setdefault(file, []).append(weight)
     for file, weights in sorted(by_file.items()):
         path = checkpoint / file
@@ -148,20 +161,36 @@ def check_safetensors(checkpoint: Path, config: dict[str, Any] | None = None) ->
     check_shapes(checkpoint, shapes, config)
 
 
+def shard_name_problem(file: object) -> str | None:
+    """Why an index entry cannot name a shard in the checkpoint folder (the engine loads only
+    the folder's own files), or None."""
+    if not isinstance(file, str):
+        return "not a file name"
+    if any(char in file for char in "/\\") or re.search(r"[\x00-\x1f\x7f]", file):
+        return ("not a plain file name in the checkpoint folder (a path, or a control character "
+                "such as a NUL byte)")
+    if not file.endswith(".safetensors") or file.startswith("."):
+        return "not a .safetensors file name"
+    return None
+
+
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+# A decoder stack's tensors: model.layers.N. (Llama family), transformer.h.N. (GPT-2, Falcon),
+# gpt_neox.layers.N., model.decoder.layers.N. ...
+_LAYER = re.compile(r"^(.*?\b(?:layers|h|blocks|block|layer))\.(\d+)\.")
+LLAMA_STACK = "model.layers"
 
 
 def check_shapes(checkpoint: Path, shapes: dict[str, tuple[str, list[int], Path]],
                  config: dict[str, Any] | None) -> None:
     """The shapes config.json fixes, where its keys and the usual (Llama-family) tensor names are
-    both there: embeddings and lm_head [vocab_size, hidden_size], the final norm [hidden_size],
-    and layers 0 .. num_hidden_layers - 1. Quantized (packed) tensors are not compared."""
+    both there: embeddings and lm_head [vocab_size, hidden_size], the final norm [hidden_size];
+    the embeddings and an untied lm_head are there at all, and layers 0 .. num_hidden_layers - 1.
+    Quantized (packed) tensors are not compared."""
     if not config:
         return
     where = checkpoint / "config.json"
-    hidden, vocab, layers = (config.get(key) for key in ("hidden_size", "vocab_size",
-                                                         "num_hidden_layers"))
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
     expected = {"model.norm.weight": ([hidden], "hidden_size")}
     if _is_int(vocab) and _is_int(hidden):
         expected["model.embed_tokens.weight"] = ([vocab, hidden], "vocab_size, hidden_size")
@@ -176,13 +205,57 @@ def check_shapes(checkpoint: Path, shapes: dict[str, tuple[str, list[int], Path]
                                   f"but {where} says {values} (shape {shape}); the weights and "
                                   "config.json are of different models: copy the checkpoint's "
                                   "own config.json, or its own weights")
-    indices = {int(match.group(1)) for name in shapes if (match := _LAYER.match(name))}
-    if _is_int(layers) and indices and indices != set(range(layers)):
-        extra = sorted(indices - set(range(layers)))
-        missing = sorted(set(range(layers)) - indices)
-        detail = (f"layer {missing[0]} is missing ({len(missing)} missing)" if missing
-                  else f"they hold layer {extra[0]} ({len(extra)} beyond)")
-        raise CheckpointError(f"{checkpoint}: the weights hold {len(indices)} layers (model.layers."
-                              f"N, N up to {max(indices)}) but {where} says num_hidden_layers "
-                              f"{layers}: {detail}; copy the checkpoint's own config.json, or "
-                              "copy its missing shards")
+    if any(name.startswith(f"{LLAMA_STACK}.") for name in shapes):
+        needed = {"model.embed_tokens.": "the token embeddings"}
+        if config.get("tie_word_embeddings") is False:
+            needed["lm_head."] = "the output head (tie_word_embeddings is false)"
+        for prefix, what in needed.items():
+            if not any(name.startswith(prefix) for name in shapes):
+                raise CheckpointError(f"{checkpoint}: the weights hold no {prefix}* tensor, "
+                                      f"{what} the model needs ({where}); copy the checkpoint's "
+                                      "missing shards")
+    check_layers(checkpoint, shapes, config)
+
+
+def check_layers(checkpoint: Path, shapes: dict[str, tuple[str, list[int], Path]],
+                 config: dict[str, Any]) -> None:
+    """config.json's num_hidden_layers layers are in the weights: some stack of layer tensors
+    holds layers 0 .. num_hidden_layers - 1 (the Llama family's model.layers.N exactly those,
+    and the multi-token-prediction layers config.json adds)."""
+    layers = config.get("num_hidden_layers")
+    if not _is_int(layers) or layers <= 0:
+        return
+    where = checkpoint / "config.json"
+    stacks: dict[str, set[int]] = {}
+    for name in shapes:
+        if match := _LAYER.match(name):
+            stacks.setdefault(match.group(1), set()).add(int(match.group(2)))
+    if not stacks:
+        raise CheckpointError(f"{checkpoint}: the weights hold no layer (no tensor named like "
+                              f"{LLAMA_STACK}.N.) but {where} says num_hidden_layers {layers}; "
+                              "copy the checkpoint's missing shards, or its own config.json")
+    nextn = config.get("num_nextn_predict_layers")
+    allowed = layers + (nextn if _is_int(nextn) and nextn > 0 else 0)
+
+    def held(found: set[int]) -> int:  # counted: a set of range(layers) may not fit in memory
+        return sum(1 for index in found if index < layers)
+
+    if LLAMA_STACK in stacks:
+        stack, found = LLAMA_STACK, stacks[LLAMA_STACK]
+        if held(found) == layers and max(found) < allowed:
+            return
+    elif any(held(found) == layers for found in stacks.values()):
+        return
+    else:
+        stack, found = max(stacks.items(), key=lambda item: len(item[1]))
+    missing = layers - held(found)
+    if missing:
+        first = next(index for index in range(layers) if index not in found)
+        detail = f"layer {first} is missing ({missing} missing)"
+    else:
+        extra = sorted(index for index in found if index >= allowed)
+        detail = f"they hold layer {extra[0]} ({len(extra)} beyond)"
+    raise CheckpointError(f"{checkpoint}: the weights hold {len(found)} layers ({stack}.N, N up "
+                          f"to {max(found)}) but {where} says num_hidden_layers {layers}: "
+                          f"{detail}; copy the checkpoint's own config.json, or copy its "
+                          "missing shards")

@@ -125,23 +125,12 @@ def register(
     stage: Annotated[str | None, typer.Option(help="The template stage the checkpoint fills.")] = None,
 ) -> None:
     """Register a checkpoint as a new version of MODEL: the watching service queues it."""
-    from flows.registry import check_model_name, register_checkpoint
+    from flows.registry import register_checkpoint, registration_tags
     from flows.tracking import bounded_http
-    from infra.checkpoint import read_config
-    from infra.errors import CheckpointError
 
-    tags = {}
-    if spec is not None:
-        tags["quantgate.spec"] = str(spec.resolve())
-    if stage is not None:
-        tags["quantgate.stage"] = stage
     try:
-        check_model_name(model)  # what is refused is refused before a store is opened (created)
-        try:
-            read_config(checkpoint)
-        except CheckpointError as err:
-            raise CheckpointError(f"{err}; give register the folder of a checkpoint (its "
-                                  "config.json and weight files)") from err
+        # What is refused is refused before a store is opened (created).
+        tags = registration_tags(model, checkpoint, spec, stage)
         with bounded_http():
             version = register_checkpoint(_registry_client(create=True), model, checkpoint,
                                           tags=tags or None)

@@ -125,3 +125,32 @@ def test_a_dequantized_twins_record_is_checked_as_its_source(value, expected):
 def test_absent_or_null_is_unquantized():
     assert quantization_problem({}) is None
     assert quantization_problem({"quantization_config": None, "quantgate_emulated": None}) is None
+
+
+@pytest.mark.parametrize("qc, expected", [
+    (bad(lambda q, w: q.update(format="pack_quantized")),
+     "quantization_config.format is \"pack_quantized\"; did you mean 'pack-quantized'?"),
+    (bad(lambda q, w: q.update(format="Pack-Quantized")),
+     "quantization_config.format is \"Pack-Quantized\"; did you mean 'pack-quantized'?"),
+    (bad(lambda q, w: q["config_groups"]["group_0"].update(format="int4")),
+     "quantization_config.config_groups.group_0.format is \"int4\""),
+    (bad(lambda q, w: q.update(format=4)), "quantization_config.format is 4 (a number); write one "
+     "of \"dense\""),
+    (bad(lambda q, w: q.update(quantization_status="done")),
+     "quantization_config.quantization_status is \"done\"; valid: calibration, compressed"),
+    (bad(lambda q, w: q.update(sparsity_config="none")),
+     "quantization_config.sparsity_config is \"none\" (a string), not an object; write {} or null"),
+])
+def test_the_names_compressed_tensors_reads_as_its_enums_are_checked(qc, expected):
+    """vLLM parses these with compressed-tensors' own enums at start-up (exact spelling): an
+    engine that will not start, found at validate."""
+    assert expected in quantization_problem({"quantization_config": qc})
+
+
+def test_empty_args_are_compressed_tensors_defaults_not_none():
+    """QuantizationArgs() is 8-bit int per tensor: `weights: {}` quantizes, the axes say so."""
+    from flows.axes import derive_axes
+
+    qc = bad(lambda q, w: q["config_groups"]["group_0"].update(weights={}))
+    assert quantization_config_problem(qc) is None
+    assert derive_axes({"quantization_config": qc}, {}).weights == "int8/tensor"
