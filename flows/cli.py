@@ -44,7 +44,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before `run` handles the signals itself, or another command
+        command = " ".join(["quantgate", *sys.argv[1:2]])
+        err_console.print(escape(f"interrupted by Ctrl-C: `{command}` stopped; run it again"),
+                          highlight=False, soft_wrap=True)
         sys.exit(130)
     except OSError as err:
         # A full disk, a folder taken away, a permission: the machine's state, not a bug.

@@ -208,3 +208,18 @@ def test_interrupted_while_the_spec_is_checked_says_nothing_was_measured(tmp_pat
     line = kept_line(tmp_path / "spec.yaml", None, 0.0)
     assert line.startswith(f"`quantgate run {tmp_path / 'spec.yaml'}` stopped while its spec was "
                            "checked, before any engine started; nothing was measured")
+
+
+def test_ctrl_c_outside_a_run_s_own_handling_is_one_line_and_130(monkeypatch, capsys):
+    import flows.cli
+
+    def interrupted() -> None:  # Ctrl-C while a command parses, or in one that is not `run`
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(flows.cli, "_app", interrupted)
+    monkeypatch.setattr(sys, "argv", ["quantgate", "gate", "runs/x"])
+    with pytest.raises(SystemExit) as ended:
+        flows.cli.main()
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["interrupted by Ctrl-C: `quantgate gate` stopped; run it again"], err
