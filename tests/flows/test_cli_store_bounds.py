@@ -4,7 +4,6 @@ line naming the address (its password masked), exit 2, and nothing written."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from flows import tracking
 from flows.cli import app
 from infra.ports import free_port
 from tests.flows.test_cli_stores import files
+from tests.flows.test_service_edges import silent_port
 
 SECRET = "pw-7f3a9c1e"
 runner = CliRunner()
@@ -43,15 +43,6 @@ def one_line(args: list[str], uri: str) -> str:
         (result.output, repr(result.exception))
     assert SECRET not in result.output and "Traceback" not in result.output
     return lines[0]
-
-
-@contextmanager
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never answers."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield listener.getsockname()[1]
 
 
 @contextmanager

@@ -31,27 +31,16 @@ from gates.policy import (
 from infra.errors import QuantgateError
 from infra.values import MAX_SECONDS, MAX_SOAK_SECONDS
 from load.profile import load_profile
-from tests.gates.test_stored_tree import deadline
+from tests.flows.test_fuzz_hostile import one_line_or_valid
 
 REPO = Path(__file__).parents[2]
 POLICY = yaml.safe_load((REPO / "gates" / "policy.yaml").read_text())
 PROFILE = yaml.safe_load((REPO / "load" / "profiles" / "demo.yaml").read_text())
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-BOUND_S = 30  # per example: generous; the claim is "ends", not "is fast"
 
 extreme = st.sampled_from([math.inf, -math.inf, math.nan, 1e308, -1e308, 10**18, -(10**18),
                            2**63, -1, 0, 1e-320, 10**9, 100_000, 100_001, 86_401, 0.5])
-
-
-def one_line_or_valid(call, *args):
-    """Run `call`; a QuantgateError must be one line. Returns the result or the error."""
-    with deadline(BOUND_S):
-        try:
-            return call(*args)
-        except QuantgateError as err:
-            assert "\n" not in str(err) and str(err).strip(), repr(err)
-            return err
 
 
 def number_paths(tree, prefix=()):
