@@ -127,6 +127,12 @@ class StageRecord(Stored):
             record = validated(path, data, version, cls)
         else:
             results = _result_files(path, data.pop("results", None))
+            inside = sorted(set(RESULTS) & set(data))
+            if inside:  # read as measured, it would stand in for what the results' files hold
+                raise StoredRecordError(
+                    f"{path}: schema {version} record with {', '.join(map(repr, inside))} inside "
+                    "it; this layout keeps each result in its own file (named by 'results'): "
+                    "the record was edited or damaged: re-run the acceptance")
             record = validated(path, data, version, cls, verdict_fields=tuple(
                 name for name in cls.VERDICT_FIELDS if name not in RESULTS))
             for name, (sub, model) in RESULTS.items():

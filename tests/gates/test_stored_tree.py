@@ -222,6 +222,14 @@ def test_a_stage_s_results_are_its_own_files_or_the_record_is_refused(tmp_path, 
     assert refused(run).startswith(f"error: {path}: 'results' is ")
 
 
+def test_a_result_written_into_stage_json_is_refused_not_read_in_place_of_its_file(tmp_path):
+    run = stored_run(tmp_path)
+    path = run / "a" / "stage.json"
+    good = json.loads((run / "w" / "quality" / "quality.json").read_text())  # 0 flips
+    edit(path, lambda data: data.update(quality=good) or data["results"].update(quality=None))
+    assert refused(run).startswith(f"error: {path}: schema 2 record with 'quality' inside it")
+
+
 def test_a_result_said_unmeasured_is_judged_unmeasured_never_a_go(tmp_path):
     run = stored_run(tmp_path)
     edit(run / "a" / "stage.json", lambda data: data["results"].update(quality=None))
