@@ -39,6 +39,7 @@ EXIT_CODE = 130  # 128 + SIGINT, for SIGTERM too: one code for "stopped, what wa
 
 class _State:
     signum: int | None = None
+    pid: int | None = None  # the process that installed the handlers (a forked child is not it)
     saved_stderr: int | None = None
     previous: dict[int, object] = {}  # the handlers before install()
     prefect_bridge: Callable | None = None  # Prefect's own SIGTERM handler, while ours is in its place
@@ -55,6 +56,7 @@ def install(describe: Callable[[], str]) -> None:
     """Handle SIGINT, SIGTERM and SIGHUP from now on; `describe()` says what was kept (the last
     line). A SIGHUP ignored already (`nohup quantgate run`) stays ignored."""
     _State.describe = staticmethod(describe)
+    _State.pid = os.getpid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue
@@ -95,6 +97,10 @@ def restore() -> None:
 
 
 def _on_signal(signum: int, frame: object) -> None:
+    if os.getpid() != _State.pid:  # a child forked with our handler: the signal ends it as usual
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if _State.signum is not None:
         return  # a second Ctrl-C while stopping: the watchdog already bounds the wait
     _State.signum = signum

@@ -36,6 +36,7 @@ def pytest_configure(config) -> None:
 # session fixture's Prefect server, the engines a `quantgate run` under test starts) survive the
 # default SIGTERM, which kills pytest before any fixture is torn down.
 _TERMINATED: list = []
+_SESSION_PID = os.getpid()
 STOP_GRACE_S = 15.0  # a process's own exit after SIGTERM (vLLM's is the slowest), then SIGKILL
 
 
@@ -44,6 +45,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
     (each server stops in its context manager); pytest_unconfigure then stops what is left."""
     import psutil
 
+    if os.getpid() != _SESSION_PID:  # a child forked with the handler (a pool's worker): die
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if _TERMINATED:
         return  # already stopping: a second SIGTERM must not cut the teardown short
     with contextlib.suppress(psutil.Error):

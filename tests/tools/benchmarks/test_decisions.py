@@ -84,3 +84,19 @@ def test_the_script_prints_the_table(capsys):
     main(["--trials", "2", "--near-target-trials", "2", "--only", "2x margin"])
     out = capsys.readouterr().out
     assert "P(go)" in out and "pooled drop 16% (2x margin)" in out and "95 % CI" in out
+
+
+def test_a_pool_worker_dies_of_sigterm_whatever_its_forked_caller_had():
+    import signal
+
+    from tools.benchmarks.decisions import _default_sigterm
+
+    # A worker forked from a caller for whom SIGTERM does not end the process (ignored, or a
+    # handler already stopping) would outlive the pool's terminate(), whose join then waits for
+    # ever: a unit tier hung there, its worker blocked on the task queue's lock.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _default_sigterm()  # the pool's initializer, in each worker
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
