@@ -30,12 +30,14 @@ MAX_MARGIN = 0.5  # accuracy points a stage may lose: half of them is already no
 MAX_KL = 1.0  # nats per token: a stage a whole nat away from the baseline is another model
 MIN_TOP1 = 0.5  # below half the tokens agreeing, the stage answers as another model does
 MAX_SHARE = 0.5  # of requests failing, of answers changing length, of answers cut off
+MIN_RESAMPLES = 200
 
 
 def _off_above(limit: float, what: str) -> object:
     return at_most(limit, "", f"{what}: a larger one passes whatever a stage does, which switches "
                    "the rule off unseen")
-MIN_RESAMPLES = 200
+
+
 RelativeIncrease = Annotated[float, at_most(
     MAX_RELATIVE_INCREASE, "", "a larger allowance (over x11) lets every regression through, "
     "which switches the rule off unseen")]
