@@ -403,6 +403,9 @@ def validate_sets(sets: list[EvalSetSpec], run_checks: bool = False) -> dict[str
     return {spec.name: validate_set(spec, run_checks) for spec in sets}
 
 
+MAX_PLAUSIBLE_CONTEXT = 1 << 20  # tokens: no engine serves a longer context today
+
+
 def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
                       tokenizer_json: Path) -> None:
     """Every item of a set without length bounds fits the served context: its prompt fields'
@@ -420,11 +423,14 @@ def check_prompts_fit(sets: list[EvalSetSpec], max_model_len: int | None,
             (read_task_yaml(spec.info).get("generation_kwargs") or {}).get("max_gen_toks", 256))
         if budget + TEMPLATE_MARGIN_TOKENS >= max_model_len:  # no prompt fits: not a context
             where = "max_gen_toks" if spec.max_gen_toks else "its task's max_gen_toks"
+            fix = f"give max_gen_toks at most {max(max_model_len - TEMPLATE_MARGIN_TOKENS - 1, 1):,}"
+            if budget <= MAX_PLAUSIBLE_CONTEXT:  # a context that large can be served
+                fix += (f", or raise engine.max_model_len above {budget + TEMPLATE_MARGIN_TOKENS:,}"
+                        " with room for the prompts")
             raise SpecError(
                 f"eval set {spec.name!r}: {where} {budget:,} leaves no room for a prompt in "
                 f"engine.max_model_len {max_model_len:,} ({TEMPLATE_MARGIN_TOKENS} tokens go to "
-                f"the template); give max_gen_toks at most "
-                f"{max(max_model_len - TEMPLATE_MARGIN_TOKENS - 1, 1):,}")
+                f"the template); {fix}")
         for path in data_files(spec.info):
             rows = prompt_rows(spec.info, path, contract)
             texts = [text for _, _, text in rows]

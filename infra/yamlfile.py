@@ -48,7 +48,9 @@ def _misspelt_choice(field: str, problem: dict) -> str:
     """'field 'a.b': 'hihg' is not one of its choices; did you mean 'high'? (valid: ...)'."""
     ctx = problem.get("ctx") or {}
     if problem["type"] == "union_tag_invalid":
-        field = f"{field}.{ctx.get('discriminator', '').strip(chr(39))}".rstrip(".")
+        key = str(ctx.get("discriminator", "")).strip("'")
+        if key.isidentifier():  # a field's name; a callable one ('_engine_kind()') is not the user's
+            field = f"{field}.{key}".rstrip(".")
         given, expected = ctx.get("tag"), ctx.get("expected_tags", "")
     else:
         given, expected = problem.get("input"), ctx.get("expected", "")

@@ -110,7 +110,9 @@ CASES = [
      "engine.vllm.dtype"),
     ("max_model_len below the prompts",
      lambda s, t: s.update(engine={"max_model_len": 150}),
-     "but engine.max_model_len is 150; raise it to at least"),
+     "leaves no room for a prompt in engine.max_model_len 150 (64 tokens go to the template); "
+     "give max_gen_toks at most 85, or raise engine.max_model_len above 160 with room for the "
+     "prompts"),
     ("checkpoint without tokenizer", no_tokenizer, "has no tokenizer"),
     ("config.json that is a list", list_config, "is not a model config: a JSON list"),
     ("policy without the stage's precision", only_8bit_policy,

@@ -98,7 +98,8 @@ def test_label_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
     ("overrides", "needle"),
     [
         ({"stages": [{"name": "x", "kind": "weightz"}]}, r"field 'stages.0.kind'.*'weights'"),
-        ({"engine": {"kind": "tgi"}}, r"field 'engine'.*'vllm', 'external'"),
+        ({"engine": {"kind": "tgi"}}, r"field 'engine': 'tgi' is not one of its choices; valid: "
+                                      r"external, vllm"),
         ({"evalsets": [{"name": "maths"}]}, r"unknown eval set 'maths'.*did you mean 'math'"),
         ({"stages": [{"name": "w", "kind": "weights", "parent": "nope"}]}, "parent 'nope'"),
         ({"colour": "red"}, r"field 'colour'"),
@@ -221,7 +222,8 @@ def test_harmless_extra_args_pass(tmp_path):
     ({"engine": {"kind": "external", "url": "http://a:1", "stage_urls": {"weights": "ftp://x"}}},
      r"'ftp://x' is not an http\(s\) URL"),
     ({"engine": {"kind": "vllm", "dtype": "float128"}},
-     r"field 'engine.vllm.dtype'.*'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32'"),
+     r"field 'engine.vllm.dtype': 'float128' is not one of its choices; did you mean 'float32'\? "
+     r"\(valid: auto, bfloat16, float, float16, float32, half\)"),
     ({"evalsets": [{"name": "math", "limit": 60}, {"name": "math", "limit": 30}]},
      r"evalsets: 'math' listed twice"),
 ])
