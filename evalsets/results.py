@@ -55,6 +55,12 @@ class TaskQuality(BaseModel):
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([item.model_dump() for item in self.items])
 
+    def extend(self, items: list[QualityItem]) -> None:
+        """More items of the set (those it holds already are kept as they are), and the mean."""
+        known = {item.id for item in self.items}
+        self.items += [item for item in items if item.id not in known]
+        self.value = sum(item.score for item in self.items) / len(self.items)
+
 
 class Divergence(BaseModel):
     """How far a stage's next-token distribution moved from the baseline's, on the same tokens.
@@ -178,3 +184,34 @@ class QualityResult(Stored):
                 for item in task.items:
                     out.write(json.dumps(item.model_dump()) + "\n")
         return path
+
+
+class MoreItems(Stored):
+    """Items a stage answered after its own stage, for a later stage's adaptive looks: the
+    baseline beside each later stage, a parent served again beside its child. A record of its
+    own in `<stage>/more/` (with lm-eval's raw results), so the stage's quality.json stays as its
+    own stage measured it; readers of the stage (gates.record) pair the later stages on both and
+    judge the stage itself on its own items."""
+
+    FILE: ClassVar[str] = "more_items.json"
+    FOLDER: ClassVar[str] = "more"
+
+    tasks: dict[str, list[QualityItem]] = Field(
+        default_factory=dict, description="Per set, the items answered after the stage, in order.")
+    asked_by: dict[str, list[str]] = Field(
+        default_factory=dict, description="Per set, the stages whose looks asked for them.")
+
+    @classmethod
+    def kept(cls, stage_folder: Path) -> MoreItems | None:
+        """The stage's more items, None when no later stage asked any."""
+        folder = stage_folder / cls.FOLDER
+        return cls.read(folder) if (folder / cls.FILE).is_file() else None
+
+    def add(self, set_name: str, items: list[QualityItem], asked_by: str) -> None:
+        known = {item.id for item in self.tasks.get(set_name, [])}
+        self.tasks.setdefault(set_name, []).extend(i for i in items if i.id not in known)
+        if asked_by not in self.asked_by.setdefault(set_name, []):
+            self.asked_by[set_name].append(asked_by)
+
+    def keep(self, stage_folder: Path) -> Path:
+        return self.save(stage_folder / self.FOLDER)

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from evalsets.divergence import paired_tokens, summaries
 from evalsets.perplexity import measure_perplexity
 from evalsets.results import SAMPLES_FILE, QualityItem, QualityResult, TaskQuality
 from evalsets.sampling import combined, request_kwargs
@@ -456,7 +455,7 @@ def _evaluate(lm: Any, config: dict[str, Any], spec: EvalSetSpec, root: str,
     return results
 
 
-def prepare_corpus(out_dir: Path, baseline_dir: Path | None, tokenizer_dir: Path,
+def prepare_corpus(out_dir: Path, corpus_from: Path | None, tokenizer_dir: Path,
                    set_names: list[str], apply_chat_template: bool,
                    max_model_len: int | None = None) -> None:
     """The baseline builds the scoring corpus from its answers; a later stage copies it. Without
@@ -467,7 +466,7 @@ def prepare_corpus(out_dir: Path, baseline_dir: Path | None, tokenizer_dir: Path
     try:
         corpus = (build_corpus(out_dir, set_names, tokenizer_dir, apply_chat_template,
                                max_sequence_tokens=longest)
-                  if baseline_dir is None else ScoringCorpus.read(baseline_dir))
+                  if corpus_from is None else ScoringCorpus.read(corpus_from))
     except MeasurementError as err:
         log.error("quality: no scoring corpus from the answers, prose only: %s", err)
         return
@@ -485,8 +484,7 @@ def run_quality(
     num_concurrent: int = 4,
     with_perplexity: bool = True,
     max_model_len: int | None = None,
-    baseline_dir: Path | None = None,
-    parent_dir: Path | None = None,
+    corpus_from: Path | None = None,
     structured_output: bool = False,
 ) -> QualityResult:
     """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
@@ -497,10 +495,9 @@ def run_quality(
     With `max_model_len` (the served context), groups whose prompts cannot fit are left out
     (long-context buckets beyond the engine's context), logged, never silently truncated.
     Perplexity scores the scoring corpus (evalsets.token_corpus): the baseline builds it from
-    its own answers; later stages score the copy from `baseline_dir`. Then the stage's per-token
-    KL, top-1 agreement and NLL differences to the baseline and to `parent_dir` (the parent's
-    quality folder) are stored (`paired_tokens`) for the gates, which compute the intervals; if
-    they cannot be computed (say, another tokenizer) they stay None: missing to the gates.
+    its own answers; later stages score a copy of it from `corpus_from` (the baseline's quality
+    folder), keeping their own per-position logprobs. This measures one stage: pairing them with
+    the baseline's and the parent's happens after, from the stored files (gates.token_pairs).
     """
     from evalsets.contracts import fit_to_context
 
@@ -532,16 +529,9 @@ def run_quality(
     if with_perplexity:
         # A choice set's logged "response" is a log-likelihood, not text to score.
         generated = [s.name for s in sets if getattr(s.scorer, "kind", None) != "choice"]
-        prepare_corpus(out_dir, baseline_dir, tokenizer_dir, generated, apply_chat_template,
+        prepare_corpus(out_dir, corpus_from, tokenizer_dir, generated, apply_chat_template,
                        max_model_len)
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
-        if baseline_dir is not None:
-            try:
-                result.paired_tokens = paired_tokens(out_dir, baseline_dir, parent_dir)
-                (result.divergence, result.perplexity_vs_baseline,
-                 result.perplexity_vs_parent) = summaries(result.paired_tokens)
-            except MeasurementError as err:
-                log.error("quality: no divergence to the baseline: %s", err)
         result.scoring_s = round(time.monotonic() - started, 2)
     result.save(out_dir)
     return result

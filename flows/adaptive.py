@@ -1,14 +1,16 @@
 """Adaptive sample size: while accuracy (or output length) is inconclusive, score more items.
 
 The stage's engine is still up; the baseline answers beside it (the engine the run kept up, or
-served again on another port, the same cores) only for the items it has not answered yet, and
-its stored record grows with them, so a later stage needing the same items finds them already
-scored. A stage of a chain is judged on length against its parent: the parent is served again
-beside it the same way (`parent_stage`), so that length can grow past the parent's stored
-answers rather than stay inconclusive at the first look's size. Each batch multiplies the items
-of every set that still bears on the open rule by the policy's `growth` (gates.accuracy.more_items
-says which), within the set's pool, up to `max_looks` looks; the accuracy rule splits its alpha
-over those looks, so looking again cannot buy a false go.
+served again on another port, the same cores) only for the items it has not answered yet. Those
+are a record of their own in the baseline's folder (`more/more_items.json`, evalsets.results
+MoreItems), never a rewrite of its quality.json; a later stage needing the same items finds them
+already scored (gates.record reads both). A stage of a chain is judged on length against its
+parent: the parent is served again beside it the same way (`parent_stage`), so that length can
+grow past the parent's stored answers rather than stay inconclusive at the first look's size;
+its more items are its own record too, and its own verdict stays on its own items. Each batch
+multiplies the items of every set that still bears on the open rule by the policy's `growth`
+(gates.accuracy.more_items says which), within the set's pool, up to `max_looks` looks; the
+accuracy rule splits its alpha over those looks, so looking again cannot buy a false go.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 from evalsets.contracts import fit_to_context
-from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.results import MoreItems, QualityItem, QualityResult
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
 from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines, engine_beside
@@ -32,12 +34,6 @@ from gates.record import StageRecord
 from infra.engine import EngineFacts
 from infra.placement import Placement
 from infra.progress import progress
-
-
-def _extend(task: TaskQuality, items: list[QualityItem]) -> None:
-    known = {item.id for item in task.items}
-    task.items += [item for item in items if item.id not in known]
-    task.value = sum(item.score for item in task.items) / len(task.items)
 
 
 def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir: Path,
@@ -92,6 +88,9 @@ def grow_until_decided(
         parent_record = StageRecord.read(results_dir / stage.parent)
     parent = parent_record.quality if parent_record is not None else None
     served = parent_stage is not None and parent is not None
+    base_more = MoreItems.kept(baseline_folder) or MoreItems()
+    parent_folder = results_dir / stage.parent
+    parent_more = (MoreItems.kept(parent_folder) or MoreItems()) if served else None
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
     started = time.monotonic()
     beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
@@ -133,33 +132,31 @@ def grow_until_decided(
                 if wanted > len(base_task.items):
                     base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
                                        BASELINE_PORT_OFFSET)
-                    _extend(base_task, _score(
-                        base_facts, sets[name], len(base_task.items), wanted,
-                        baseline_folder / "quality", baseline.checkpoint, spec.chat_template,
-                        num_concurrent))
+                    more = _score(base_facts, sets[name], len(base_task.items), wanted,
+                                  baseline_folder / MoreItems.FOLDER, baseline.checkpoint,
+                                  spec.chat_template, num_concurrent)
+                    base_task.extend(more)
+                    base_more.add(name, more, stage.name)
+                    base_more.keep(baseline_folder)
                 parent_task = parent.tasks.get(name) if served else None
                 if parent_task is not None and wanted > len(parent_task.items):
-                    if parent.own_sizes is None:  # what the parent's own verdict rests on
-                        parent.own_sizes = {n: len(t.items) for n, t in parent.tasks.items()}
-                    parent_facts = serve(parent_stage, results_dir / parent_stage.name
-                                         / "engine-more-items.log", PARENT_PORT_OFFSET)
-                    _extend(parent_task, _score(
-                        parent_facts, sets[name], len(parent_task.items), wanted,
-                        results_dir / parent_stage.name / "quality", parent_stage.checkpoint,
-                        spec.chat_template, num_concurrent, parent_stage.structured_output))
+                    parent_facts = serve(parent_stage, parent_folder / "engine-more-items.log",
+                                         PARENT_PORT_OFFSET)
+                    more = _score(parent_facts, sets[name], len(parent_task.items), wanted,
+                                  parent_folder / MoreItems.FOLDER, parent_stage.checkpoint,
+                                  spec.chat_template, num_concurrent,
+                                  parent_stage.structured_output)
+                    parent_task.extend(more)
+                    parent_more.add(name, more, stage.name)
+                    parent_more.keep(parent_folder)
                 before = len(task.items)
                 if wanted > before:
-                    _extend(task, _score(facts, sets[name], before, wanted,
-                                         results_dir / stage.name / "quality", stage.checkpoint,
-                                         spec.chat_template, num_concurrent,
-                                         stage.structured_output))
+                    task.extend(_score(facts, sets[name], before, wanted,
+                                       results_dir / stage.name / "quality", stage.checkpoint,
+                                       spec.chat_template, num_concurrent,
+                                       stage.structured_output))
                     quality.added_items[name] = quality.added_items.get(name, 0) + len(
                         task.items) - before
-            base_record.save(baseline_folder)
-            base_record.quality.save(baseline_folder / "quality")
-            if served:
-                parent_record.save(results_dir / parent_stage.name)
-                parent.save(results_dir / parent_stage.name / "quality")
     finally:
         for _, stack in beside.values():
             stack.close()

@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 # service and the gates' judging are not in it: a verdict is recomputed from stored stages.
 MEASURING = ("evalsets", "load", "infra/vllm_engine.py", "infra/external_engine.py",
              "infra/probe.py", "infra/checkpoint.py", "infra/cores.py", "flows/adaptive.py",
-             "flows/engines.py", "gates/accuracy.py", "gates/noninferiority.py")
+             "flows/engines.py", "flows/tasks.py", "gates/accuracy.py", "gates/noninferiority.py",
+             "gates/token_pairs.py")
 MEASURING_SUFFIXES = (".py", ".yaml", ".yml", ".jsonl", ".json", ".txt", ".jinja")
 KEY_FILE = "cache-key.json"
 

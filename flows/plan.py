@@ -15,6 +15,10 @@ from infra.checkpoint import read_config
 from infra.digest import checkpoint_digest
 from infra.errors import SpecError
 
+# The first stage's name: a spec's stages may not take it (flows/spec.py), so a run folder's
+# baseline is always `<run>/baseline/`.
+BASELINE = "baseline"
+
 
 class Stage(BaseModel):
     """A stage as it will be served: effective checkpoint + flags and the derived axes."""
@@ -105,8 +109,8 @@ def plan(spec: Spec) -> list[Stage]:
     # Axes as the engine's build serves them; an external server is taken to be a CUDA vLLM.
     device = getattr(spec.engine, "device", "cuda")
     stages = {
-        "baseline": Stage(
-            name="baseline",
+        BASELINE: Stage(
+            name=BASELINE,
             kind="baseline",
             parent=None,
             checkpoint=spec.baseline.checkpoint,
@@ -114,9 +118,9 @@ def plan(spec: Spec) -> list[Stage]:
             axes=_axes("baseline", spec.baseline.checkpoint, base_flags, device),
         )
     }
-    if stages["baseline"].axes.weights != "none" or stages["baseline"].axes.activations != "none":
+    if stages[BASELINE].axes.weights != "none" or stages[BASELINE].axes.activations != "none":
         raise SpecError(
-            f"baseline must be unquantized, but it serves {stages['baseline'].axes.describe()}"
+            f"baseline must be unquantized, but it serves {stages[BASELINE].axes.describe()}"
         )
     for item in spec.stages:
         parent = stages[item.parent]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import task
@@ -11,7 +12,7 @@ from evalsets.results import QualityResult
 from evalsets.runner import run_quality
 from flows.adaptive import grow_until_decided
 from flows.engines import KeptEngines
-from flows.plan import Stage
+from flows.plan import BASELINE, Stage
 from flows.preflight import Prepared
 from flows.settings import Settings
 from flows.spec import Spec
@@ -20,6 +21,7 @@ from gates.divergence import divergence_checks, perplexity_checks
 from gates.latency import wants_more_rounds
 from gates.policy import GatePolicy
 from gates.record import StageRecord
+from gates.token_pairs import pair_stage
 from infra.cores import CorePlan
 from infra.engine import EngineFacts
 from infra.progress import progress
@@ -37,17 +39,19 @@ def measure_quality(
     prepared: Prepared | None = None, clock: dict[str, float] | None = None,
     kept: KeptEngines | None = None,
 ) -> QualityResult:
-    # Divergence and perplexity pair this stage's corpus logprobs with the baseline's and the
-    # parent's, stored beside it.
-    baseline = None if stage.parent is None else folder.parent / "baseline" / "quality"
-    parent = None if stage.parent is None else folder.parent / stage.parent / "quality"
+    # A later stage scores the baseline's corpus; measured, its logprobs are paired with the
+    # baseline's and the parent's stored ones (divergence and paired perplexity).
+    baseline = None if stage.parent is None else folder.parent / BASELINE / "quality"
     quality = run_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
-        baseline_dir=baseline, parent_dir=parent, structured_output=stage.structured_output,
+        corpus_from=baseline, structured_output=stage.structured_output,
     )
-    if stage.parent is None or prepared is None:
+    if baseline is None:
+        return quality
+    paired(quality, folder / "quality", baseline, folder.parent / stage.parent / "quality")
+    if prepared is None:
         return quality
     decided = failed_for_good(stage, quality, folder.parent, prepared)
     if decided:
@@ -60,6 +64,17 @@ def measure_quality(
         return grow_until_decided(stage, quality, facts, spec, prepared.stages[0], folder.parent,
                                   prepared.policy, prepared.pools, settings.num_concurrent, kept,
                                   parents[0] if parents else None, prepared.placement)
+
+
+def paired(quality: QualityResult, stage_dir: Path, baseline_dir: Path, parent_dir: Path) -> None:
+    """The stage's stored corpus logprobs paired with the baseline's and the parent's (a record
+    of the stage's own, then: its quality.json saved again with the pairs)."""
+    if quality.perplexity is None:  # no corpus scored: nothing to pair
+        return
+    started = time.monotonic()
+    pair_stage(quality, stage_dir, baseline_dir, parent_dir)
+    quality.scoring_s = round((quality.scoring_s or 0.0) + time.monotonic() - started, 2)
+    quality.save(stage_dir)
 
 
 def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
-from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.results import MoreItems, QualityItem, QualityResult, TaskQuality
 from gates.comparability import Comparability
 from infra.engine import EngineFacts
 from infra.stored import Stored, StoredRecordError, stored_object, validated
@@ -104,11 +104,17 @@ class StageRecord(Stored):
         "first-look items per set, load profile hash: what the comparability rule compares. "
         "None in records stored before it was kept (their item ids are still compared).")
 
+    # Read with the items it answered for later stages (MoreItems): its quality as measured.
+    _own_quality: QualityResult | None = PrivateAttr(default=None)
+
     def save(self, folder: Path) -> Path:
-        """stage.json, and each result in its own file: stored once, where its stage wrote it."""
+        """stage.json, and each result in its own file: stored once, where its stage wrote it
+        (the quality as its own stage measured it: more items answered later stay theirs)."""
         folder.mkdir(parents=True, exist_ok=True)
         for name, (sub, _) in RESULTS.items():
             result = getattr(self, name)
+            if name == "quality" and self._own_quality is not None:
+                result = self._own_quality
             if result is not None:
                 result.save(folder / sub)
         return super().save(folder)
@@ -138,6 +144,10 @@ class StageRecord(Stored):
             for name, (sub, model) in RESULTS.items():
                 if results[name] is not None:
                     setattr(record, name, model.read(folder / sub))
+        more = MoreItems.kept(folder)
+        if more is not None and record.quality is not None:
+            record._own_quality = record.quality
+            record.quality = with_more_items(record.quality, more, folder)
         if record.comparability is None and record.error is None:
             # Every stage this layout measured records what it was served: a null here would
             # skip the comparability rule as "not recorded", a pass nobody checked.
@@ -147,6 +157,21 @@ class StageRecord(Stored):
                 "skipped: the record was edited or written by an older quantgate: re-run the "
                 "acceptance")
         return record
+
+
+def with_more_items(quality: QualityResult, more: MoreItems, folder: Path) -> QualityResult:
+    """A stage's quality with the items it answered later for other stages' looks: what those
+    stages pair with. `own_sizes` keeps what its own verdict rests on (gates.checks)."""
+    merged = quality.model_copy(deep=True)
+    if merged.own_sizes is None:
+        merged.own_sizes = {name: len(task.items) for name, task in quality.tasks.items()}
+    for name, items in more.tasks.items():
+        if name not in merged.tasks:
+            raise StoredRecordError(
+                f"{folder / MoreItems.FOLDER / MoreItems.FILE}: items of set {name!r}, which the "
+                "stage did not measure; the record was edited or damaged: re-run the acceptance")
+        merged.tasks[name].extend(items)
+    return merged
 
 
 def _result_files(path: Path, results: object) -> dict[str, str | None]:

@@ -23,7 +23,6 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from evalsets.divergence import paired_tokens
 from evalsets.perplexity import LOGPROBS_FILE, measure_perplexity
 from evalsets.results import PairedTokens
 from evalsets.runner import prepare_corpus, run_quality
@@ -31,6 +30,7 @@ from evalsets.token_corpus import ScoringCorpus
 from flows.spec import EngineFlags, VllmEngineSpec, load_spec
 from gates import stats
 from gates.policy import GatePolicy, load_policy
+from gates.token_pairs import paired_tokens
 from infra.cpu_support import cpu_flags
 from infra.vllm_engine import VllmEngine
 

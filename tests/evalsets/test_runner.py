@@ -186,9 +186,11 @@ def test_selecting_groups_needs_a_group_field():
         load_task_config(EvalSetSpec(name="math", groups=["a"]))
 
 
-def test_run_quality_adds_divergence_to_the_baseline(tmp_path, monkeypatch):
+def test_run_quality_measures_one_stage_and_the_flow_pairs_its_stored_logprobs(tmp_path,
+                                                                                monkeypatch):
     from evalsets import runner
     from evalsets.perplexity import LOGPROBS_FILE, PerplexityResult
+    from flows.tasks import paired
 
     logprobs = {"model": "m", "top_logprobs": 5, "texts": {"t": {
         "tokens": ["token_id:1", "token_id:2"], "logprobs": [-0.1, -0.2],
@@ -202,13 +204,16 @@ def test_run_quality_adds_divergence_to_the_baseline(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "check_server", lambda *a: None)
     monkeypatch.setattr(runner, "token_counter", lambda *a: None)
     monkeypatch.setattr(runner, "measure_perplexity", fake_perplexity)
-    base = runner.run_quality("http://x", "m", [], tmp_path / "base", tmp_path)
-    assert base.divergence is None
-    stage = runner.run_quality("http://x", "m", [], tmp_path / "stage", tmp_path,
-                               baseline_dir=tmp_path / "base")
+    base = tmp_path / "base"
+    runner.run_quality("http://x", "m", [], base, tmp_path)
+    stage = runner.run_quality("http://x", "m", [], tmp_path / "stage", tmp_path, corpus_from=base)
+    # Measuring measures the stage alone; the pairing reads the two stored logprob files after.
+    assert stage.divergence is None and stage.paired_tokens is None
+    paired(stage, tmp_path / "stage", base, base)
     assert stage.divergence.mean_kl == 0.0 and stage.divergence.top1_agreement == 1.0
     assert QualityResult.read(tmp_path / "stage").divergence == stage.divergence
+    assert stage.perplexity_vs_parent == stage.perplexity_vs_baseline
     logprobs["texts"]["t"]["tokens"][1] = "token_id:9"  # another tokenizer: no divergence
-    other = runner.run_quality("http://x", "m", [], tmp_path / "other", tmp_path,
-                               baseline_dir=tmp_path / "base")
-    assert other.divergence is None
+    other = runner.run_quality("http://x", "m", [], tmp_path / "other", tmp_path, corpus_from=base)
+    paired(other, tmp_path / "other", base, base)
+    assert other.divergence is None and other.paired_tokens is None

@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 
-from evalsets.results import QualityItem, QualityResult, TaskQuality
+from evalsets.results import MoreItems, QualityItem, QualityResult, TaskQuality
 from evalsets.runner import _slice
 from evalsets.spec import EvalSetSpec
 from flows import adaptive
@@ -80,6 +80,14 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
     stored = StageRecord.read(results / "baseline")
     assert len(stored.quality.tasks["math"].items) == 80  # the next stage finds them scored
     assert QualityResult.read(results / "control" / "quality").looks == 2
+    # The baseline's record stays as its stage measured it; the 40 more are a record of their own.
+    assert len(QualityResult.read(results / "baseline" / "quality").tasks["math"].items) == 40
+    more = MoreItems.kept(results / "baseline")
+    assert [i.id for i in more.tasks["math"]] == [str(i) for i in range(40, 80)]
+    assert more.asked_by == {"math": ["control"]}
+    stored.save(results / "baseline")  # a record read with them saves its own items only
+    assert len(QualityResult.read(results / "baseline" / "quality").tasks["math"].items) == 40
+    assert len(StageRecord.read(results / "baseline").quality.tasks["math"].items) == 80
 
 
 def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches():
@@ -151,6 +159,8 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
     grown = StageRecord.read(results / "weights")
     assert len(grown.quality.tasks["math"].items) == len(quality.tasks["math"].items) > 60
     assert grown.quality.own_sizes == {"math": 60}  # its own verdict rests on its own 60
+    assert len(QualityResult.read(results / "weights" / "quality").tasks["math"].items) == 60
+    assert MoreItems.kept(results / "weights").asked_by == {"math": ["activations"]}
 
 
 def test_more_items_show_their_progress(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import flows.tasks as tasks
+from evalsets.results import QualityResult
 from evalsets.runner import run_evalset
 from evalsets.spec import EvalSetSpec
 from evalsets.structured import (
@@ -185,8 +186,8 @@ def test_the_flow_asks_the_quality_and_load_runs_with_the_stage_options(tmp_path
     spec = load_spec(structured_spec(tmp_path))
     parent, stage = plan(spec)[1:]
     asked = {}
-    monkeypatch.setattr(tasks, "run_quality",
-                        lambda *args, **kwargs: asked.setdefault("quality", []).append(kwargs))
+    monkeypatch.setattr(tasks, "run_quality", lambda *args, **kwargs: asked.setdefault(
+        "quality", []).append(kwargs) or QualityResult())
     monkeypatch.setattr(tasks, "run_load",
                         lambda *args, **kwargs: asked.setdefault("load", []).append(kwargs))
     facts = type("Facts", (), {"base_url": "http://s", "model": "m", "max_model_len": 2048})()

@@ -1,4 +1,7 @@
-"""KL divergence and top-1 agreement of a stage against the baseline, from stored top-k logprobs.
+"""A stage paired token by token with the baseline and its parent, from their stored top-k logprobs.
+
+Measuring (evalsets) stores each stage's own per-position logprobs; the pairing happens after, here,
+from those stored files (`pair_stage`, called by the flow once the stage has scored its corpus).
 
 Both stages scored the same corpus with echo=true (evalsets.perplexity), which kept, per
 position, the top-k alternatives (k = 20 by default) plus the scored token. The full
@@ -17,7 +20,7 @@ ranking and gating them, but below the full-vocabulary KL (W4A16 g64 RTN: 0.28 h
 vocabulary in FACTS.md). The limits in gates/policy.yaml are calibrated on this estimator over
 the scoring corpus (evalsets.token_corpus; `python -m tools.calibrate` prints the table).
 
-This module computes per-position values only (KL, top-1 agreement, NLL differences), stored
+The pairing computes per-position values only (KL, top-1 agreement, NLL differences), stored
 with the stage (`PairedTokens`); the gates compute every interval from them (gates.stats
 `block_bootstrap`, with the policy's level, resamples and seed), so a stored run re-gates exactly.
 """
@@ -31,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from evalsets.perplexity import LEGACY_LOGPROBS_FILE, LOGPROBS_FILE, read_logprobs
-from evalsets.results import Divergence, PairedTokens, PerplexityRatio
+from evalsets.results import Divergence, PairedTokens, PerplexityRatio, QualityResult
 from infra.errors import MeasurementError
 
 log = logging.getLogger(__name__)
@@ -182,3 +185,17 @@ def perplexity_ratio(stage_logprobs: Path, reference_logprobs: Path) -> Perplexi
     if differences.size == 0:
         raise MeasurementError("perplexity ratio: no token positions to compare")
     return PerplexityRatio(tokens=differences.size, ratio=math.exp(float(differences.mean())))
+
+
+def pair_stage(quality: QualityResult, stage_dir: Path, baseline_dir: Path,
+               parent_dir: Path | None) -> QualityResult:
+    """The stage's per-token KL, top-1 agreement and NLL differences to the baseline and the
+    parent (their quality folders), set on `quality` with their point estimates; left None when
+    they cannot be computed (say, another tokenizer, or no corpus scored): missing to the gates."""
+    try:
+        quality.paired_tokens = paired_tokens(stage_dir, baseline_dir, parent_dir)
+        (quality.divergence, quality.perplexity_vs_baseline,
+         quality.perplexity_vs_parent) = summaries(quality.paired_tokens)
+    except MeasurementError as err:
+        log.error("quality: no divergence to the baseline: %s", err)
+    return quality

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from evalsets.divergence import divergence, paired_tokens, perplexity_ratio, position_kl, summaries
 from evalsets.perplexity import LOGPROBS_FILE
+from gates.token_pairs import divergence, paired_tokens, perplexity_ratio, position_kl, summaries
 from infra.errors import MeasurementError
 
 
