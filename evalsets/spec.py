@@ -22,7 +22,6 @@ from infra.errors import SpecError, did_you_mean
 EVALSETS_DIR = Path(__file__).resolve().parent
 TASK_FILE = "task.yaml"
 DATA_SUFFIXES = (".jsonl", ".csv", ".parquet")
-_USER_SETS: dict[str, EvalSetInfo] = {}
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,6 @@ def get_evalset(name: str) -> EvalSetInfo:
     return sets[name]
 
 
-def find_evalset(name: str) -> EvalSetInfo | None:
-    """A set by the name results carry: built-in, or a user set of a spec read in this process."""
-    return registry().get(name) or _USER_SETS.get(name)
 
 
 def resolve_path(path: Path | None, info: ValidationInfo) -> Path | None:
@@ -198,7 +194,6 @@ class EvalSetSpec(BaseModel):
         elif self.groups is not None:
             raise ValueError(f"eval set {self.name!r}: 'groups' needs a folder set whose "
                              "contract.yaml declares a group field")
-        _USER_SETS[self.name] = self.info
         return self
 
     def _given(self, *fields: str) -> list[str]:

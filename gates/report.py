@@ -8,7 +8,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gates import plots, recovery, rules
 from gates.context_curve import curve_tables
@@ -19,6 +19,9 @@ from gates.record import StageRecord
 from gates.verdict import StageVerdict, Verdict
 from gates.whatif.search import Workload
 from gates.whatif.section import DEFAULT_GPUS, whatif_section
+
+if TYPE_CHECKING:
+    from evalsets.spec import EvalSetInfo
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_FLIPS_SHOWN = 40
@@ -33,19 +36,14 @@ def _headline(stage: StageVerdict, set_names: list[str]) -> dict[str, Any]:
 
 
 def _prompts(set_name: str) -> dict[str, str]:
-    """Prompt text by item id from the eval set's own data (records keep only a prompt hash).
-    A user's data file is found by name when its spec was read in this process (the flow's
-    report); its prompts are read as its scorer's set sends them (a dialogue turn by turn)."""
-    from infra.errors import QuantgateError
+    """Prompt text by item id from a built-in eval set's data as it is now (records keep only a
+    prompt hash); a user's set shows hashes unless its prompts are given (`set_prompts`, or the
+    run's kept ones, gates.run_inputs)."""
+    from evalsets.spec import registry
 
+    info = registry().get(set_name)
+    data = info.folder / "data.jsonl" if info else None
     try:
-        from evalsets.contracts import prompts_by_id
-        from evalsets.spec import find_evalset
-
-        info = find_evalset(set_name)
-        if info is not None and info.data_file is not None:
-            return prompts_by_id(info)
-        data = info.folder / "data.jsonl" if info else None
         if not data or not data.is_file():
             return {}
         prompts = {}
@@ -55,8 +53,26 @@ def _prompts(set_name: str) -> dict[str, str]:
             if "id" in row and text is not None:
                 prompts[str(row["id"])] = str(text)
         return prompts
-    except (OSError, ValueError, QuantgateError):
+    except (OSError, ValueError):
         return {}
+
+
+def set_prompts(sets: dict[str, EvalSetInfo]) -> Callable[[str], dict[str, str]]:
+    """Prompt texts by item id for the sets a spec declares (a user's data file read as its
+    scorer's set sends it: a dialogue turn by turn), else a built-in set's."""
+    from evalsets.contracts import prompts_by_id
+    from infra.errors import QuantgateError
+
+    def prompts(set_name: str) -> dict[str, str]:
+        info = sets.get(set_name)
+        if info is None or info.data_file is None:
+            return _prompts(set_name)
+        try:
+            return prompts_by_id(info)
+        except (OSError, ValueError, QuantgateError):
+            return {}
+
+    return prompts
 
 
 def flipped_items(records: list[StageRecord],

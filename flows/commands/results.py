@@ -81,23 +81,23 @@ def _run_prompts(results_dir: Path):
     except QuantgateError as err:
         fail(str(err))
     if kept is None:
-        _read_run_spec(results_dir)
-        return None
+        return _spec_prompts(results_dir)
     return lambda set_name: stored_prompts(results_dir, set_name)
 
 
-def _read_run_spec(results_dir: Path) -> None:
-    """Read the run's spec again where it still is, so that the report finds its user eval sets
-    by name (their flipped items show the user's prompts); without it they show hashes."""
+def _spec_prompts(results_dir: Path):
+    """For a run from before inputs were kept: its spec read again where it still is, so that
+    the flips of its user eval sets show the user's prompts; without it they show hashes."""
     from flows.spec import load_spec
     from gates.record import RunManifest
+    from gates.report import set_prompts
 
     try:
         spec_path = RunManifest.read(results_dir).spec_path
-        if spec_path:
-            load_spec(Path(spec_path))
+        sets = load_spec(Path(spec_path)).evalsets if spec_path else []
     except (QuantgateError, OSError):
-        pass  # a spec moved or changed since: the report still has every number
+        sets = []  # a spec moved or changed since: the report still has every number
+    return set_prompts({evalset.name: evalset.info for evalset in sets})
 
 
 def _run_placement(results_dir: Path) -> list[str]:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from evalsets.contracts import check_prompts_fit, prompts_by_id, validate_sets
 from evalsets.results import TaskQuality
 from evalsets.runner import load_task_config, primary_metric, run_evalset
-from evalsets.spec import EvalSetSpec, find_evalset
+from evalsets.spec import EvalSetSpec
 from infra.errors import SpecError
 from tests.fake_openai import FakeOpenAI
 
@@ -48,7 +48,7 @@ def test_relative_path_resolves_against_the_spec_folder(tmp_path):
         {"name": "tickets", "path": "data/t.jsonl", "scorer": {"kind": "exact"}},
         context={"base_dir": tmp_path / "specs" / ".."})
     assert spec.path == (tmp_path / "data" / "t.jsonl").resolve()
-    assert find_evalset("tickets").data_file == spec.path
+    assert spec.info.data_file == spec.path
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
