@@ -23,6 +23,7 @@ number of independent items warrants.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,6 +114,15 @@ def score_interval(strata: list[Stratum], one_sided_alpha: float) -> tuple[float
     """(estimate, low, high): each bound is a one-sided (1 - alpha) score bound of delta."""
     if not strata or any(s.n <= 0 for s in strata):
         raise ValueError("a score interval needs at least one set with items")
+    return _score_interval(tuple(strata), one_sided_alpha)
+
+
+# Counts repeat (a set's broke/fixed at a look, the same at every rule and trial that asks): the
+# interval is a pure function of them, and two root searches each time it is asked.
+@functools.lru_cache(maxsize=1 << 16)
+def _score_interval(strata: tuple[Stratum, ...], one_sided_alpha: float
+                    ) -> tuple[float, float, float]:
+    strata = list(strata)
     point = estimate(strata)
     z = float(stats.norm.ppf(1 - one_sided_alpha))
     eps = 1e-9
