@@ -402,11 +402,12 @@ def run_evalset(
         # A named lm-eval task reads its data from the local cache or folder only, never the Hub.
         with lmeval_task.offline() if spec.lm_eval else contextlib.nullcontext():
             results = _evaluate(lm, asked, spec, root, limit, apply_chat_template)
-        _save_raw(results, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
         samples = results["samples"][config["task"]]
         if spec.lm_eval is not None:  # one filter's samples, each named by lm-eval's doc identity
             samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config),
                                              start)
+            results["samples"][config["task"]] = samples  # as the scoring corpus reads them
+        _save_raw(results, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
         items = samples_to_items(
             samples, metric, max_gen_toks, count_tokens, lm.server_finish,
             group_field(spec), cluster_field(spec), lm.traces,

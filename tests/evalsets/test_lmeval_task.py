@@ -167,10 +167,10 @@ def test_run_quality_stores_a_named_task_beside_a_built_in_set(tmp_path):
     spec = EvalSetSpec.model_validate({"lm_eval": "gsm8k", "num_fewshot": 0,
                                        "data": str(gsm8k(tmp_path / "gsm", n=4))})
     math = EvalSetSpec(name="math", limit=3)
-    fake = answering("#### 4")
+    fake, tokenizer = answering("#### 4"), tokenizer_dir(tmp_path / "tok")
     try:
         result = runner.run_quality(fake.base_url, "fake-model", [math, spec], tmp_path / "q",
-                                    tokenizer_dir(tmp_path / "tok"), with_perplexity=False,
+                                    tokenizer, with_perplexity=False,
                                     max_model_len=4096)
     finally:
         fake.stop()
@@ -181,6 +181,15 @@ def test_run_quality_stores_a_named_task_beside_a_built_in_set(tmp_path):
     assert all(item.output_tokens == 1 and item.finish_reason == "stop" for item in gsm.items)
     assert (tmp_path / "q" / "samples_gsm8k.jsonl").is_file()
     assert (tmp_path / "q" / "gsm8k" / runner.SAMPLES_FILE).is_file()  # lm-eval's own log
+    # The scoring corpus reads the baseline's answers from that log: one filter's samples, each
+    # named as its item (found on the real engine: gsm8k's docs have no 'id' of their own).
+    from evalsets.token_corpus import build_corpus, logged_items
+
+    logged = logged_items(tmp_path / "q" / "gsm8k" / runner.SAMPLES_FILE)
+    assert [item_id for item_id, _, _ in logged] == [item.id for item in gsm.items]
+    corpus = build_corpus(tmp_path / "q", ["math", "gsm8k"], tokenizer, False)
+    assert [s.name for s in corpus.sequences if s.name.startswith("gsm8k/")] == [
+        f"gsm8k/{item.id}" for item in gsm.items]
 
 
 def test_a_task_whose_own_code_needs_the_hub_is_refused_in_one_line(monkeypatch):
