@@ -31,16 +31,20 @@ def test_ttft_itl_and_the_end_follow_vllm_bench_definitions(fake_openai, tmp_pat
     fake_openai.first_token_delay_s = 0.03
     fake_openai.token_delay_s = 0.01
     samples = run_level(fake_openai.base_url, "fake-model", PROFILE, "low", 1, tmp_path)
+    # Bounds from below and relations only: a shared box stretches every figure (no wall-clock
+    # ceiling), but cannot make a sleep shorter or a gap land outside the request.
     for sample in samples:
         # TTFT: from before the request is sent to the first token (30 ms + one 10 ms step).
-        assert 38 <= sample.ttft_ms < 150
+        assert 38 <= sample.ttft_ms < sample.e2e_ms
         # Four gaps between consecutive token chunks, one token step each on average (a late
         # wake-up on a shared machine lengthens one gap and shortens the next).
-        assert len(sample.itl_ms) == 4 and 9 <= sum(sample.itl_ms) / 4 < 60
-        # The end is the [DONE] line right after the last token: TPOT is the token step.
+        assert len(sample.itl_ms) == 4 and sum(sample.itl_ms) / 4 >= 9
+        # The end is the [DONE] line right after the last token, sooner than a token step:
+        # TPOT is the token step.
         last_token_ms = sample.ttft_ms + sum(sample.itl_ms)
-        assert 0 <= sample.e2e_ms - last_token_ms < 5
-        assert 9 <= sample.tpot_ms < 60
+        assert 0 <= sample.e2e_ms - last_token_ms < max(sample.itl_ms)
+        assert sample.tpot_ms >= 9
+        assert sample.tpot_ms == pytest.approx((sample.e2e_ms - sample.ttft_ms) / 4)
 
 
 def test_closed_loop_users_send_their_first_requests_together(fake_openai, tmp_path):
