@@ -105,11 +105,16 @@ def _only_groups(field: str | None, groups: list[str], name: str) -> Callable[[A
 
 
 def _slice(process_docs: Callable[[Any], Any] | None, start: int,
-           stop: int | None) -> Callable[[Any], Any]:
-    """Docs [start, stop) of the set (after any group filter): a later batch of items."""
+           stop: int | None, split: str | None = None) -> Callable[[Any], Any]:
+    """Docs [start, stop) of the set (after any group filter): a later batch of items. lm-eval
+    also runs `process_docs` on the few-shot split; with `split` (the split evaluated) another
+    split keeps every doc, so the few-shot examples stay those of the first look."""
 
     def sliced(dataset: Any) -> Any:
         docs = process_docs(dataset) if process_docs else dataset
+        named = getattr(dataset, "split", None)
+        if split is not None and named is not None and str(named) != split:
+            return docs
         end = len(docs) if stop is None else min(stop, len(docs))
         return docs.select(range(min(start, end), end))
 
@@ -365,7 +370,8 @@ def run_evalset(
     limit = spec.limit
     if start:
         stop = None if spec.limit is None else start + spec.limit
-        config["process_docs"] = _slice(config.get("process_docs"), start, stop)
+        evaluated = config.get("test_split") or config.get("validation_split")
+        config["process_docs"] = _slice(config.get("process_docs"), start, stop, evaluated)
         limit = None
     metric = primary_metric(config)
     max_gen_toks = int(config.get("generation_kwargs", {}).get("max_gen_toks", 256))

@@ -123,26 +123,31 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         folder / "engine.log", stage.name
     )
     logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
+    died = False  # the engine had exited when a measurement failed (asked before it is stopped)
     try:
         with contextlib.ExitStack() as own:
             facts = own.enter_context(engine)
             record.facts = facts
             logger.info("stage %s: %s", stage.name, facts.ready_line())
-            # What the engine says it serves must be what the axes say, before any measuring.
-            check_served(stage, facts, spec.engine, folder / "engine.log")
-            record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,
-                                             clock, kept)
-            if stage.axes.emulated:
-                # Dequantized weights served as bf16: their speed is not the format's. Quality
-                # measured; speed predicted for the target GPU (gates/whatif), never measured.
-                logger.info("stage %s: emulated, so no load (speed is predicted)", stage.name)
-            else:
-                measure_speed(stage, prepared, facts, folder, record, reused, clock, kept)
+            try:
+                # What the engine says it serves must be what the axes say, before measuring.
+                check_served(stage, facts, spec.engine, folder / "engine.log")
+                record.quality = measure_quality(facts, stage, spec, folder, settings, prepared,
+                                                 clock, kept)
+                if stage.axes.emulated:
+                    # Dequantized weights served as bf16: their speed is not the format's.
+                    # Quality measured; speed predicted for the target GPU (gates/whatif).
+                    logger.info("stage %s: emulated, so no load (speed is predicted)", stage.name)
+                else:
+                    measure_speed(stage, prepared, facts, folder, record, reused, clock, kept)
+            except MeasurementError:
+                died = getattr(engine, "alive", lambda: True)() is False
+                raise
             if keep and kept is not None:
                 kept.hold(stage.name, engine, facts, own.pop_all())
     except MeasurementError as err:
         record.error = str(err)
-        if record.facts is not None and getattr(engine, "alive", lambda: True)() is False:
+        if record.facts is not None and died:
             record.error = f"the engine died during the stage (log {folder / 'engine.log'}): {err}"
         logger.error("stage %s: %s", stage.name, record.error)
     except EngineError as err:

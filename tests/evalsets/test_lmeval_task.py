@@ -135,6 +135,14 @@ def test_a_later_batch_keeps_the_ids_of_the_whole_set_and_another_filter_scores(
     later, _ = run(flexible, "so 8", tmp_path / "later", start=3)
     assert [i.id for i in later.items] == [i.id for i in first.items[3:5]]
     assert [i.score for i in later.items] == [1.0, 0.0]  # doc 3 asks 4 plus 4
+    # Few-shot examples come from a smaller train split: a batch past its end still has them.
+    (folder / "train.jsonl").write_text("".join((folder / "train.jsonl").read_text()
+                                                .splitlines(keepends=True)[:2]))
+    shots = whole.model_copy(update={"num_fewshot": 2, "limit": 2})
+    later, fake = run(shots, "#### 10", tmp_path / "shots", start=4)
+    assert [i.id for i in later.items] == [i.id for i in first.items[4:6]]
+    assert [i.score for i in later.items] == [1.0, 0.0]  # doc 4 asks 5 plus 5
+    assert len(fake.requests[0]["messages"]) == 5  # two shots, each a question and its answer
     with pytest.raises(SpecError, match=r"filter 'flexible' is not one of .*did you mean "
                                         r"'flexible-extract'"):
         lmeval_task.chosen_filter(whole.model_copy(update={"filter": "flexible"}),

@@ -254,3 +254,46 @@ def test_a_stage_whose_engine_disagrees_is_not_measured(tmp_path, monkeypatch):
     assert record.quality is None and record.load is None and record.facts is not None
     saved = yaml.safe_load((tmp_path / "kv" / "stage.json").read_text())
     assert saved["error"] == record.error
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+def test_a_failed_measurement_says_the_engine_died_only_when_it_had(tmp_path, monkeypatch,
+                                                                    crashed):
+    """An engine is asked whether it is alive when the measurement fails, not after the stage
+    stopped it (a stopped engine is never alive: every failure read as a crash before)."""
+    from prefect.logging import disable_run_logger
+
+    from flows import served
+    from flows import stage as stages
+    from flows.preflight import Prepared
+    from flows.settings import Settings
+    from tests.flows.test_spec import write_spec
+
+    class Engine:  # as VllmEngine: alive while it serves, never once stopped
+        def __init__(self, *args):
+            self.up = False
+
+        def __enter__(self):
+            self.up = True
+            return EngineFacts(base_url="http://127.0.0.1:9", model="m", command=["vllm"])
+
+        def __exit__(self, *exc):
+            self.up = False
+
+        def alive(self):
+            return self.up and not crashed
+
+    def quality(*args, **kwargs):
+        raise MeasurementError("quality: lm-eval task failed")
+
+    monkeypatch.setattr(stages, "engine_class", lambda kind: Engine)
+    monkeypatch.setattr(served, "check_served", lambda *args: None)
+    monkeypatch.setattr(stages, "measure_quality", quality)
+    path = write_spec(tmp_path, engine={"kind": "external", "url": "http://127.0.0.1:9"},
+                      stages=[{"name": "control", "kind": "control"}])
+    prepared = Prepared(path)
+    with disable_run_logger():
+        record = stages.run_stage(prepared.stages[0], prepared, tmp_path / "baseline",
+                                  Settings(), set())
+    assert record.error.endswith("quality: lm-eval task failed")
+    assert record.error.startswith("the engine died during the stage") is crashed
