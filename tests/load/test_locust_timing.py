@@ -36,14 +36,15 @@ def test_ttft_itl_and_the_end_follow_vllm_bench_definitions(fake_openai, tmp_pat
     for sample in samples:
         # TTFT: from before the request is sent to the first token (30 ms + one 10 ms step).
         assert 38 <= sample.ttft_ms < sample.e2e_ms
-        # Four gaps between consecutive token chunks, one token step each on average (a late
-        # wake-up on a shared machine lengthens one gap and shortens the next).
-        assert len(sample.itl_ms) == 4 and sum(sample.itl_ms) / 4 >= 9
-        # The end is the [DONE] line right after the last token, sooner than a token step:
-        # TPOT is the token step.
+        # Four gaps between consecutive token chunks. A late wake-up on a shared machine delays
+        # one chunk's read, lengthening its gap and shortening the next (or TTFT's, for the first
+        # chunk): the bound from below is on when the last token arrives, 30 ms + five 10 ms steps.
+        assert len(sample.itl_ms) == 4 and all(gap >= 0 for gap in sample.itl_ms)
         last_token_ms = sample.ttft_ms + sum(sample.itl_ms)
+        assert last_token_ms >= 78
+        # The end is the [DONE] line right after the last token, sooner than a token step:
+        # TPOT is the time per token after the first.
         assert 0 <= sample.e2e_ms - last_token_ms < max(sample.itl_ms)
-        assert sample.tpot_ms >= 9
         assert sample.tpot_ms == pytest.approx((sample.e2e_ms - sample.ttft_ms) / 4)
 
 
