@@ -520,8 +520,8 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
     parent_record = wrap("parent", parent) if parent is not None else wrap("baseline", baseline)
     base_record = wrap("baseline", baseline)
     names = sorted(stage.tasks)
-    found = [c for c in length_checks(stage_record, parent_record, policy, base_record)
-             if c.status == "inconclusive" and c.rule != "length.finish"]
+    found = [c for c in length_checks(stage_record, parent_record, policy, base_record,
+                                      finish=False) if c.status == "inconclusive"]
     if not any(not c.passed for c in found):  # only advisory ones open: nothing to decide
         return []
     open_rules = {c.rule for c in found}

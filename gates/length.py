@@ -155,6 +155,17 @@ def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray)
                  + special.log_ndtr(-z_censored).sum())
 
 
+def _score(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> np.ndarray:
+    """The gradient of `_log_likelihood` in (mu, log sigma), with the inverse Mills ratio
+    phi(z) / Phi(-z) of the censored ratios taken in logs (it stays finite far in the tail)."""
+    mu, log_sigma = params
+    sigma = math.exp(log_sigma)
+    z_exact, z_censored = (exact - mu) / sigma, (censored - mu) / sigma
+    mills = np.exp(stats.norm.logpdf(z_censored) - special.log_ndtr(-z_censored))
+    return np.array([(z_exact.sum() + mills.sum()) / sigma,
+                     z_exact @ z_exact - exact.size + mills @ z_censored])
+
+
 # The spread of a changed pair's log ratio when too few changed answers were left uncut to
 # estimate it: what the real W8A16 stage showed on SmolLM2's math answers (a changed greedy answer
 # is often another answer). A near-identical stage (a control: 2 of 39 answers changed, 1 of them
@@ -184,7 +195,8 @@ def _tobit(ratios: np.ndarray, cut: np.ndarray) -> tuple[float, float] | None:
     if exact.size < 2 or np.ptp(exact) == 0:
         return _tobit_fixed_sigma(exact, censored)
     start = np.array([ratios.mean(), math.log(ratios.std() + 1e-3)])
-    fit = optimize.minimize(lambda p: -_log_likelihood(p, exact, censored), start, method="BFGS")
+    fit = optimize.minimize(lambda p: -_log_likelihood(p, exact, censored), start, method="BFGS",
+                            jac=lambda p: -_score(p, exact, censored))
     if not np.all(np.isfinite(fit.x)):
         return None
     step, unit = 1e-4, np.eye(2) * 1e-4
@@ -358,10 +370,11 @@ def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarr
 
 
 def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy,
-                  baseline: StageRecord | None = None) -> list[Check]:
+                  baseline: StageRecord | None = None, finish: bool = True) -> list[Check]:
     """Output length per set vs the parent ("length", first), vs the baseline ("length.baseline",
     the chain as a whole) unless the parent is the baseline, the reasoning traces' length vs the
-    parent's ("length.reasoning") where the sets split them off, and the share cut at the budget."""
+    parent's ("length.reasoning") where the sets split them off, and (`finish`) the share cut at
+    the budget."""
     if stage.quality is None or parent.quality is None:
         return [missing("length", "output length")]
     rules = policy.length
@@ -376,7 +389,7 @@ def length_checks(stage: StageRecord, parent: StageRecord, policy: GatePolicy,
     if reasoning[0] is not None and reasoning[1] is not None:
         # Quantization changes the thinking length first: the trace is judged as answers are.
         checks += _rule("length.reasoning", "parent's trace", *reasoning, rules.log_bounds, policy)
-    return checks + [_finish_check(stage, parent, policy)]
+    return checks + ([_finish_check(stage, parent, policy)] if finish else [])
 
 
 def traces(record: StageRecord) -> StageRecord | None:

@@ -182,18 +182,24 @@ def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
     tasks = {}
     for shape in shapes:
         right, true_length = answers[shape.name], lengths[shape.name]
-        items = []
-        for i in range(sizes[shape.name]):
-            cut = true_length[i] >= shape.budget
-            samples = [float(x) for x in right[i]] if right.ndim == 2 else None
-            items.append(QualityItem(
-                id=str(i), prompt_hash="h", response="", samples=samples,
-                score=float(np.mean(right[i])),
-                output_tokens=int(min(true_length[i], shape.budget)),
-                finish_reason="length" if cut else "stop", group=shape.group_of(i) or None,
-                cluster=str(shape.cluster_of(i)) if shape.cluster_size > 1 else None))
-        tasks[shape.name] = TaskQuality(task=shape.name, metric="acc", items=items,
-                                        value=float(np.mean([i.score for i in items])))
+        n = sizes[shape.name]
+        # Built unvalidated (model_construct): every field is drawn here with its declared type,
+        # and a trial builds thousands of items.
+        scores = (right[:n].mean(axis=1) if right.ndim == 2 else right[:n]).astype(float).tolist()
+        tokens_out = np.minimum(true_length[:n], shape.budget).astype(int).tolist()
+        cut = (true_length[:n] >= shape.budget).tolist()
+        groups = shape.group_labels[:n].tolist()
+        clusters = (shape.cluster_labels[:n].astype(str).tolist() if shape.cluster_size > 1
+                    else [None] * n)
+        samples = right[:n].astype(float).tolist() if right.ndim == 2 else [None] * n
+        items = [QualityItem.model_construct(
+            id=str(i), prompt_hash="h", response="", samples=samples[i], score=scores[i],
+            output_tokens=tokens_out[i], finish_reason="length" if cut[i] else "stop",
+            group=groups[i] or None, cluster=clusters[i], reasoning_tokens=None)
+            for i in range(n)]
+        tasks[shape.name] = TaskQuality.model_construct(
+            task=shape.name, metric="acc", items=items,
+            value=float(np.mean(scores)) if scores else float("nan"))
     divergence = None if tokens is None else Divergence(
         tokens=tokens.tokens, mean_kl=float(tokens.values("kl").mean()),
         top1_agreement=float(tokens.values("top1_agree").mean()), top_k=20)
