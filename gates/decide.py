@@ -89,9 +89,11 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
     accepted = next((r for r in reversed(records)
                      if chain_passed(r.name) and not r.emulated and r.kind != "control"), None)
     final_ok = final is not None and all(v.passed for v in verdicts.values())
-    reasons = [
-        f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.failures
-    ]
+    # What failed for good leads, in stage order; the rules left inconclusive follow (a rule that
+    # fails stops the looks, so the rest of its stage often stays unresolved behind it).
+    failures = [(v, c) for v in verdicts.values() for c in v.failures]
+    reasons = [f"{v.stage}: {c.rule}: {c.reason}"
+               for v, c in sorted(failures, key=lambda pair: pair[1].status == "inconclusive")]
     if final is None:
         reasons.append("no candidate stage was measured")
     advisories = [f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.advisories]

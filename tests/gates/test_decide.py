@@ -152,6 +152,19 @@ def test_stage_after_an_emulated_parent_is_timed_against_the_baseline():
     assert "vs baseline" in tpot.reason and not tpot.passed, tpot.reason
 
 
+def test_a_rule_that_failed_for_good_leads_the_reasons():
+    """A stage whose KL is far past its limit and whose quality is still unresolved: the reader
+    sees the decisive failure first, then the rules it left inconclusive."""
+    shuffled = [0.0] + [1.0] * 29 + [1.0] + [0.0] * 29
+    verdict = decide("c", [record("baseline", None, BASE_SCORES),
+                           record("w", "baseline", shuffled, kl=0.5)], POLICY)
+    statuses = {c.rule: c.status for s in verdict.stages for c in s.failures}
+    assert statuses["divergence.kl"] == "fail" and "inconclusive" in statuses.values()
+    assert verdict.reasons[0].startswith("w: divergence.kl: ")
+    ranks = [statuses[r.split(": ")[1]] == "inconclusive" for r in verdict.reasons]
+    assert ranks == sorted(ranks)
+
+
 def test_a_failing_sibling_branch_or_control_blocks_the_go():
     good = record("w", "baseline", BASE_SCORES)
     bad_sibling = record("x", "baseline", BASE_SCORES, perplexity=14.0)
