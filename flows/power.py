@@ -38,18 +38,45 @@ def group_values(spec: EvalSetSpec) -> list[str]:
     return [g for g in seen if spec.groups is None or g in spec.groups]
 
 
-def set_shapes(spec: Spec, pools: dict[str, int]) -> tuple[SetShape, ...]:
+def cluster_ids(spec: EvalSetSpec, pool: int) -> tuple[int, ...]:
+    """Each pool item's cluster (its contract's cluster field) as an index, in data order within
+    any `groups` filter, as the runner takes its first items; () for a set that declares none. An
+    item with no value is a cluster of its own."""
+    contract = load_contract(spec.info)
+    if contract.cluster is None:
+        return ()
+    index: dict[str, int] = {}
+    ids: list[int] = []
+    for path in data_files(spec.info):
+        if path.suffix != ".jsonl":
+            continue
+        for row in read_jsonl(path):
+            if spec.groups is not None and contract.group is not None \
+                    and str(row.get(contract.group)) not in spec.groups:
+                continue
+            value = row.get(contract.cluster)
+            key = f"item {len(ids)}" if value is None else f"value {value}"
+            ids.append(index.setdefault(key, len(index)))
+    if len(ids) < pool:  # the pool is counted another way (a folder of files): plan unclustered
+        return ()
+    return tuple(ids[:pool])
+
+
+def set_shapes(spec: Spec, pools: dict[str, int],
+               cluster_rho: float = 0.0) -> tuple[SetShape, ...]:
     shapes = []
     for evalset in spec.evalsets:
         pool = pools[evalset.name]
         groups = group_values(evalset) or [""]
+        clusters = cluster_ids(evalset, pool)
         budget = evalset.max_gen_toks or 256
         # Answers planned to fit their budget (about 1 in 70 cut): a set whose answers do not
         # fit is a problem of the set, which the length rules name once it runs.
         shapes.append(SetShape(evalset.name, evalset.first_look(pool), pool,
                                dict.fromkeys(groups, PLANNING_ACCURACY),
                                tokens=min(60.0, budget / 3), budget=budget,
-                               samples=evalset.sampling.samples if evalset.sampling else 1))
+                               samples=evalset.sampling.samples if evalset.sampling else 1,
+                               clusters=clusters, cluster_rho=cluster_rho if clusters else 0.0))
     return tuple(shapes)
 
 
@@ -57,7 +84,7 @@ def check_decision_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
                          policy: GatePolicy, trials: int = 100) -> list[DecisionPower]:
     """One simulation per kind of judgement the spec's stages get (precision class, per group or
     not); refuse the spec when an equivalent stage would go less often than the policy's power."""
-    shapes = set_shapes(spec, pools)
+    shapes = set_shapes(spec, pools, policy.quality.planning_cluster_rho)
     kinds: dict[tuple[str, bool], dict[str, str]] = {}
     for stage in stages:
         if stage.parent is None:

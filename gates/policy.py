@@ -73,6 +73,11 @@ class QualityRules(Rules):
     planning_discordance: float = Field(
         0.10, gt=0, le=1, description="Share of items expected to flip, for the power check."
     )
+    planning_cluster_rho: float = Field(
+        0.3, ge=0, lt=1, description="For the power check of a set that declares clusters: the "
+        "share of a cluster's items that are right, wrong and flip together (the simulation's "
+        "cluster_rho; 0.3 gives a design effect of about 1.6 at 20 items per cluster)."
+    )
     min_items: int = Field(
         20, ge=1, le=100_000, description="Fewer paired items fail closed (validate refuses a "
         "spec whose sets cannot reach it: flows/preflight.py Prepared, check_min_items).")

@@ -9,7 +9,8 @@ false go). Planning assumptions, stated with the figure: baseline accuracy 50 % 
 answers of about 60 tokens (a third of a smaller budget), divergence far inside its limits (the
 corpus is not what a spec sizes), latency as a good stage's; in a sampled set, the k samples of
 an item share their draws half the time (an item is easy or hard for every sample), so k samples
-count for less than k items.
+count for less than k items; a set that declares clusters keeps its real clusters, read from
+its data, with the policy's `planning_cluster_rho` of a cluster's items moving together.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gates.policy import GatePolicy, precision_class
 from gates.simulate import SetShape, Step
 from gates.trials import Scenario, p_go, wilson
 
-SIMULATION_VERSION = 3  # raise when the simulation or the rules change what it predicts
+SIMULATION_VERSION = 4  # raise when the simulation or the rules change what it predicts
 
 
 @dataclass

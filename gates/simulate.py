@@ -46,6 +46,9 @@ class SetShape:
     budget: int = 256  # generation budget: longer answers are cut here (finish "length")
     cluster_size: int = 1
     cluster_rho: float = 0.0
+    # Each pool item's cluster as read from the set's data (validate: the contract's cluster
+    # field, in data order); empty: clusters of `cluster_size`, spread as templates cycle.
+    clusters: tuple[int, ...] = ()
     samples: int = 1  # per item (a sampled set): answers are then (pool, samples)
     sample_rho: float = 0.5
 
@@ -56,7 +59,13 @@ class SetShape:
     def group_of(self, index: int) -> str:
         return self.groups[index % len(self.groups)]  # interleaved, as the generators write them
 
+    @property
+    def clustered(self) -> bool:
+        return self.cluster_size > 1 or bool(self.clusters)
+
     def cluster_of(self, index: int) -> int:
+        if self.clusters:
+            return self.clusters[index]
         # Near-duplicates sit apart in the data (templates cycle), within one group.
         span = len(self.groups) * max(1, self.pool // (len(self.groups) * self.cluster_size))
         return index % span if self.cluster_size > 1 else index
@@ -102,7 +111,7 @@ def _correlated_uniforms(rng: np.random.Generator, shape: SetShape) -> np.ndarra
         own = np.where(rng.random(own.shape) < shape.sample_rho, item, own)
     else:
         own = rng.random(shape.pool)
-    if shape.cluster_size <= 1 or shape.cluster_rho <= 0:
+    if not shape.clustered or shape.cluster_rho <= 0:
         return own
     clusters = shape.cluster_labels
     shared = rng.random(clusters.max() + 1)[clusters]
@@ -189,7 +198,7 @@ def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
         tokens_out = np.minimum(true_length[:n], shape.budget).astype(int).tolist()
         cut = (true_length[:n] >= shape.budget).tolist()
         groups = shape.group_labels[:n].tolist()
-        clusters = (shape.cluster_labels[:n].astype(str).tolist() if shape.cluster_size > 1
+        clusters = (shape.cluster_labels[:n].astype(str).tolist() if shape.clustered
                     else [None] * n)
         samples = right[:n].astype(float).tolist() if right.ndim == 2 else [None] * n
         items = [QualityItem.model_construct(

@@ -79,3 +79,26 @@ def test_a_sampled_set_is_planned_with_its_samples_and_they_buy_power_but_not_k_
     # Four samples of 60 items resolve accuracy better than one sample, and no better than 240
     # items would: an item's samples share their draws.
     assert blocked(1, 60) > blocked(4, 60) >= blocked(1, 240)
+
+
+def test_a_set_that_declares_clusters_is_planned_with_its_own_clusters(monkeypatch, tmp_path):
+    """Validate plans with each set's real clusters (its template), read from its data, and the
+    policy's planning correlation; a set without a cluster field is planned item by item."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sets = [EvalSetSpec(name="math", limit=60), EvalSetSpec(name="code", limit=20)]
+    math, code = set_shapes(SimpleNamespace(evalsets=sets), {"math": 1040, "code": 160},
+                            cluster_rho=0.3)
+    assert len(math.clusters) == 1040 and 5 <= len(set(math.clusters)) < 100
+    assert math.cluster_rho == 0.3 and math.clustered
+    assert code.clusters == () and code.cluster_rho == 0.0 and not code.clustered
+
+    def plan(rho: float):
+        policy = GatePolicy.model_validate({"quality": {"planning_cluster_rho": rho}})
+        spec = SimpleNamespace(evalsets=[EvalSetSpec(name="math", limit=60)])
+        return check_decision_power(spec, stages(W8A8), {"math": 240}, policy, trials=30)[0]
+
+    # Items of one template that move together count for fewer: the same 60 -> 240 items that
+    # plan well item by item are refused when a template's items move together, naming the set.
+    assert plan(0.0).equivalent >= 0.8
+    with pytest.raises(SpecError, match=r"whole decision.*blocking when equivalent:.*quality\.math"):
+        plan(0.9)
