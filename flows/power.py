@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
 from pathlib import Path
 
 from evalsets.contracts import data_files, load_contract
@@ -15,7 +17,7 @@ from flows.plan import Stage
 from flows.spec import Spec
 from gates.accuracy import groups_required
 from gates.policy import GatePolicy, precision_class
-from gates.power import SIMULATION_VERSION, DecisionPower, decision_power
+from gates.power import SIMULATION_VERSION, DecisionPower, power_runs, simulate
 from gates.simulate import SetShape
 from infra.errors import SpecError
 
@@ -91,7 +93,7 @@ def check_decision_power(spec: Spec, stages: list[Stage], pools: dict[str, int],
             continue
         axes = stage.axes.model_dump(exclude={"emulated"})
         kinds.setdefault((precision_class(axes), groups_required(axes, policy)), axes)
-    plans = [_cached(shapes, axes, policy, trials) for axes in kinds.values()]
+    plans = simulated(shapes, list(kinds.values()), policy, trials)
     for plan in plans:
         if plan.equivalent < policy.quality.power:
             raise SpecError(
@@ -114,22 +116,62 @@ def _rules_digest() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:16]
 
 
-def _cached(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
-            trials: int) -> DecisionPower:
+def simulated(shapes: tuple[SetShape, ...], kinds: list[dict[str, str]], policy: GatePolicy,
+              trials: int) -> list[DecisionPower]:
+    """Each kind's figures, from this machine's cache or simulated: every simulation of every
+    kind at once, spread over the cores (each has its own seed, so the figures are the same
+    in any number of processes)."""
+    keys = [_key(shapes, axes, policy, trials) for axes in kinds]
+    plans = {key: _read(key) for key in keys}
+    missing = {key: power_runs(shapes, axes, policy, trials)
+               for key, axes in zip(keys, kinds, strict=True) if plans[key] is None}
+    results = iter(_spread([job for runs in missing.values() for job in runs.jobs(policy)]))
+    for key, runs in missing.items():
+        plans[key] = runs.assemble([next(results) for _ in runs.scenarios])
+        _write(key, plans[key])
+    return [plans[key] for key in keys]  # type: ignore[misc]
+
+
+def _spread(jobs: list) -> list[tuple[float, dict]]:
+    """The simulations in forked worker processes, one per core. A fork is safe here: a worker
+    only computes (CPython renews the import and logging locks in a forked child, and no worker
+    takes another lock a thread of the parent may hold); a fresh interpreter (spawn) would
+    import the caller's main module again, which a script without a main guard cannot take."""
+    workers = min(len(jobs), len(os.sched_getaffinity(0)))
+    if workers <= 1:
+        return [simulate(job) for job in jobs]
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_leave_signals) as pool:
+        return pool.map(simulate, jobs, chunksize=1)  # leaving the block terminates the workers
+
+
+def _leave_signals() -> None:
+    """Ctrl-C and SIGTERM reach the whole process group: the parent handles them and stops the
+    pool. A worker forked with the parent's handlers would act as the parent (flows.interrupt)
+    or wait on a queue for ever; it takes SIGTERM as the default and leaves Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _key(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
+         trials: int) -> str:
     """The simulation is seeded, so its inputs name its result: a spec validated and then run,
     or the same sets in another spec, simulate once per machine (a few seconds each time)."""
-    key = hashlib.sha256(json.dumps(
+    return hashlib.sha256(json.dumps(
         [SIMULATION_VERSION, _rules_digest(), [dataclasses.asdict(s) for s in shapes], axes,
          policy.model_dump(mode="json"), trials], sort_keys=True).encode()).hexdigest()[:24]
-    path = _cache_dir() / f"{key}.json"
+
+
+def _read(key: str) -> DecisionPower | None:
     try:
-        return DecisionPower(**json.loads(path.read_text()))
+        return DecisionPower(**json.loads((_cache_dir() / f"{key}.json").read_text()))
     except (OSError, ValueError, TypeError):
-        pass
-    plan = decision_power(shapes, axes, policy, trials)
+        return None
+
+
+def _write(key: str, plan: DecisionPower) -> None:
+    path = _cache_dir() / f"{key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(plan)))
     except OSError:
         pass  # a read-only home only costs the simulation next time
-    return plan

@@ -55,9 +55,32 @@ class DecisionPower:
                 + (f"; blocking when equivalent: {top}" if top else ""))
 
 
-def decision_power(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
-                   trials: int = 100) -> DecisionPower:
-    """Simulated P(go) of the whole decision at these sets, for an equivalent and a marginal stage."""
+@dataclass(frozen=True)
+class PowerRuns:
+    """The simulations behind one DecisionPower, each with its own seed: run in any order or in
+    any number of processes, they give the same figures."""
+
+    precision: str
+    per_group: bool
+    trials: int
+    scenarios: tuple[tuple[Scenario, int], ...]  # equivalent, at the margin[, one set], seeds
+    one_set: str | None
+
+    def jobs(self, policy: GatePolicy) -> list[tuple[Scenario, GatePolicy, int, int]]:
+        return [(scenario, policy, self.trials, seed) for scenario, seed in self.scenarios]
+
+    def assemble(self, results: list[tuple[float, dict]]) -> DecisionPower:
+        (p_equivalent, blocking), (p_margin, _), *one = results
+        return DecisionPower(precision=self.precision, per_group=self.per_group,
+                             trials=self.trials, equivalent=p_equivalent, at_margin=p_margin,
+                             blocking=blocking, one_set=self.one_set if one else None,
+                             at_margin_one_set=one[0][0] if one else None)
+
+
+def power_runs(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
+               trials: int = 100) -> PowerRuns:
+    """The simulated runs of the whole decision at these sets: an equivalent stage, a stage that
+    loses the pooled margin, and one whose least-resolved set alone loses it."""
     precision = precision_class(axes)
     margin = policy.tolerance(precision).accuracy_margin
     flips = policy.quality.planning_discordance
@@ -65,19 +88,27 @@ def decision_power(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: G
     # the divergence limits keeps those rules out of the figure (and the simulation fast).
     common = {"sets": shapes, "axes": axes, "flips": flips, "corpus_tokens": 64 * 40}
     clean = {"kl": 0.05, "top1": 0.995}
-    equivalent = Scenario("equivalent", [Step(**clean)], **common)
-    marginal = Scenario("at the margin", [Step(drop={"*": margin}, **clean)], **common)
     seed = int(np.random.default_rng(policy.quality.seed).integers(2**31))
-    p_equivalent, blocking = p_go(equivalent, policy, trials, seed)
-    p_margin, _ = p_go(marginal, policy, trials, seed + 1)
+    scenarios = [(Scenario("equivalent", [Step(**clean)], **common), seed),
+                 (Scenario("at the margin", [Step(drop={"*": margin}, **clean)], **common),
+                  seed + 1)]
     one = least_resolved(shapes, serves_quantized_kv(axes))
-    p_one = None
     if one is not None and len(shapes) + sum(len(s.groups) > 1 for s in shapes) > 1:
-        p_one, _ = p_go(Scenario(f"only {one} at the margin", [Step(drop={one: margin}, **clean)],
-                                 **common), policy, trials, seed + 2)
-    return DecisionPower(precision=precision, per_group=serves_quantized_kv(axes), trials=trials,
-                         equivalent=p_equivalent, at_margin=p_margin, blocking=blocking,
-                         one_set=one, at_margin_one_set=p_one)
+        scenarios.append((Scenario(f"only {one} at the margin",
+                                   [Step(drop={one: margin}, **clean)], **common), seed + 2))
+    return PowerRuns(precision, serves_quantized_kv(axes), trials, tuple(scenarios), one)
+
+
+def simulate(job: tuple[Scenario, GatePolicy, int, int]) -> tuple[float, dict]:
+    """One simulated run (a process pool's unit of work)."""
+    return p_go(*job)
+
+
+def decision_power(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,
+                   trials: int = 100) -> DecisionPower:
+    """Simulated P(go) of the whole decision at these sets, for an equivalent and a marginal stage."""
+    runs = power_runs(shapes, axes, policy, trials)
+    return runs.assemble([simulate(job) for job in runs.jobs(policy)])
 
 
 def least_resolved(shapes: tuple[SetShape, ...], per_group: bool) -> str | None:

@@ -102,3 +102,19 @@ def test_a_set_that_declares_clusters_is_planned_with_its_own_clusters(monkeypat
     assert plan(0.0).equivalent >= 0.8
     with pytest.raises(SpecError, match=r"whole decision.*blocking when equivalent:.*quality\.math"):
         plan(0.9)
+
+
+def test_the_simulations_spread_over_processes_give_the_figures_of_one(monkeypatch, tmp_path):
+    """Validate's simulations run in worker processes, each with its own seed: the same figures
+    as one process running them in turn, whatever the number of workers."""
+    from gates.power import decision_power
+    from flows.power import simulated
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sets = [EvalSetSpec(name="math", limit=60), EvalSetSpec(name="code", limit=20)]
+    shapes = set_shapes(SimpleNamespace(evalsets=sets), {"math": 240, "code": 80})
+    kinds = [W8A8.model_dump(exclude={"emulated"}), KV.model_dump(exclude={"emulated"})]
+    spread = simulated(shapes, kinds, GatePolicy(), trials=12)
+    alone = [decision_power(shapes, axes, GatePolicy(), trials=12) for axes in kinds]
+    assert spread == alone and spread[0].one_set == "code"
+    assert len(list((tmp_path / "quantgate" / "power").glob("*.json"))) == 2
