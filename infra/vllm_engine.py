@@ -3,63 +3,23 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from infra.checkpoint import read_config, weight_bytes
-from infra.cores import plan_cores
 from infra.engine import Engine, EngineFacts, register
 from infra.errors import EngineError, PortInUseError
 from infra.placement import wait_until_free
 from infra.ports import free_port, port_free
 from infra.probe import cache_config, get_json, healthy, optional_int
 from infra.process import LoggedProcess
-from infra.quiet import quiet
-from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
-from infra.vllm_facts import kv_tokens_from_metrics, read_log
+from infra.vllm_args import QUIET_ENV, VllmEngineSpec, build_command  # noqa: F401 (re-exported)
+from infra.vllm_facts import engine_config, kv_tokens_from_metrics, read_log
 
-# Exactly these three: the engine's environment is recorded, and a stage's cache key reads it.
-QUIET_ENV = quiet("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 # Every engine this process started, in order, as (stage served, log): a run records them.
 STARTED: list[tuple[str, Path]] = []
-
-
-def build_command(
-    spec, checkpoint: Path, flags, python: str = sys.executable, reveal: bool = False
-) -> tuple[list[str], dict[str, str]]:
-    """The exact command and engine environment for a stage (no process is started). An
-    `--api-key` goes to vLLM as VLLM_API_KEY (not in the command line or its start-up log), shown
-    as MASK unless `reveal`; any other credential-like flag's value is masked unless `reveal`."""
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
-    command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
-    if spec.max_model_len:
-        command += ["--max-model-len", str(spec.max_model_len)]
-    if spec.enforce_eager:
-        command.append("--enforce-eager")
-    if flags.kv_cache_dtype:
-        command += ["--kv-cache-dtype", flags.kv_cache_dtype]
-    if flags.quantization:
-        command += ["--quantization", flags.quantization]
-    extra, api_key = split_api_key(list(spec.extra_args) + list(flags.extra_args))
-    command += extra if reveal else redact_args(extra)
-    env = dict(QUIET_ENV)
-    if api_key:
-        env[ENGINE_KEY_ENV] = api_key if reveal else MASK
-    if spec.device == "cpu":
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
-        # Cores the load generator gets stay off the engine's (infra/cores.py); the spec's bind wins.
-        env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
-    else:
-        command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
-        if spec.tensor_parallel_size > 1:
-            command += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-        if spec.cuda_visible_devices:  # the placement plan's GPUs for this engine
-            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-    return command, env
 
 
 def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, log: str,
@@ -86,6 +46,7 @@ def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, 
 @register
 class VllmEngine(Engine):
     kind = "vllm"
+    args = VllmEngineSpec
 
     def __init__(self, spec, checkpoint: Path, flags, log_path: Path, stage: str = "") -> None:
         if spec.port is None:  # a port per engine: runs side by side do not collide
@@ -131,6 +92,10 @@ class VllmEngine(Engine):
         return engine_facts(self.base_url, models[0], version, metrics,
                             self.log_path.read_text(errors="replace") if self.log_path.exists()
                             else "", command, env, weight_bytes(self.checkpoint))
+
+    @classmethod
+    def served_config(cls, facts: EngineFacts, log_text: str) -> dict[str, str]:
+        return engine_config(log_text)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
