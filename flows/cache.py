@@ -36,7 +36,7 @@ CACHE_VERSION = 1
 REPO = Path(__file__).resolve().parents[1]
 # The code that produces a stage's numbers (and the built-in eval data beside it); the CLI, the
 # service and the gates' judging are not in it: a verdict is recomputed from stored stages.
-MEASURING = ("evalsets", "load", "infra/engine.py", "infra/vllm_args.py",
+MEASURING = ("evalsets", "load", "infra/engine.py", "infra/launch.py", "infra/vllm_args.py",
              *sorted(f"infra/{path.name}" for path in (REPO / "infra").glob("*_engine.py")),
              "infra/probe.py", "infra/checkpoint.py", "infra/cores.py", "flows/adaptive.py",
              "flows/engines.py", "flows/tasks.py", "gates/accuracy.py", "gates/noninferiority.py",

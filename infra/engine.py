@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 # The longest context a served model declares today is 10M tokens; beyond 2^24 a typo.
 MAX_CONTEXT_TOKENS = 2**24
 DEFAULT_KIND = "vllm"  # an engine without `kind` in a spec
+# Every engine this process started, in order, as (stage served, log): a run records them.
+STARTED: list[tuple[str, Path]] = []
 
 
 class EngineFacts(BaseModel):
