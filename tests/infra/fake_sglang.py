@@ -13,6 +13,9 @@ sources (sgl-project/sglang):
   text_offset -1 throughout, top_logprobs a dict per position keyed by token text
   (python/sglang/srt/entrypoints/openai/serving_completions.py, _convert_to_internal_request,
   and utils.py to_openai_style_logprobs, commit 004c82e07d876f6e4a0ad6e15325706b0f478f1a).
+  A field SGLang does not know (vLLM's return_tokens_as_token_ids, which the corpus scoring
+  sends) is dropped: its CompletionRequest keeps pydantic's default extra="ignore"
+  (openai/protocol.py, same commit), so top_logprobs stay keyed by token text.
 - response_format json_schema needs `json_schema.schema` ("schema_ is required for
   json_schema response format request.", serving_completions.py _build_sampling_params).
 """
