@@ -22,8 +22,8 @@ from flows.cache import engine_part
 from flows.engines import placed, plan_run_placement
 from flows.plan import plan
 from flows.served import ServedMismatchError, check_served
-from flows.spec import EngineFlags, Spec
-from infra.errors import MeasurementError
+from flows.spec import EngineFlags, Spec, load_spec
+from infra.errors import MeasurementError, SpecError
 from infra.placement import Gpu, declared_gpus
 from infra.sglang_engine import SglangEngine, fraction_of_free, log_memory
 from tests.flows.checkpoints import W8A8, make_checkpoint
@@ -210,3 +210,13 @@ def test_guided_decoding_is_asked_as_sglang_reads_it(tmp_path):
     with FakeSglang("/m", guided=False) as fake, pytest.raises(
             MeasurementError, match="guided decoding is not applied"):
         check_guided_decoding(fake.base_url, "/m", chat=True)
+
+
+def test_a_misspelt_kind_is_answered_with_the_registered_kinds(tmp_path):
+    spec = chain(tmp_path).model_dump(mode="json")
+    spec["engine"] = {"kind": "sglan"}
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(SpecError, match=r"'sglan' is not one of its choices; did you mean "
+                       r"'sglang'\? \(valid: external, sglang, vllm\)"):
+        load_spec(path)
