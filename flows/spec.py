@@ -17,7 +17,7 @@ from pydantic import (
 
 from evalsets.spec import EvalSetSpec, resolve_path
 from gates.record import CANDIDATE_NAME, STAGE_NAME
-from infra.engine import DEFAULT_KIND, MAX_CONTEXT_TOKENS, EngineArgs, engine_kinds  # noqa: F401
+from infra.engine import DEFAULT_KIND, EngineArgs, engine_kinds
 from infra.external_engine import ExternalEngineSpec  # noqa: F401 (re-exported: tests, tools)
 from infra.secrets import split_api_key
 from infra.vllm_args import REFUSED_FLAGS, SHORT_FLAGS, VllmEngineSpec, check_vllm_args  # noqa: F401
@@ -29,7 +29,6 @@ STAGE_KINDS = ("weights", "activations", "kv_cache", "weights_activations", "con
 # Kinds that serve the parent's exact configuration again (no checkpoint, no engine flags).
 SAME_SERVING = {"control": "control", "structured_output": "structured_output stage"}
 SAME_SERVING_KINDS = tuple(SAME_SERVING)
-
 
 
 def _check_stage_args(args: list[str]) -> list[str]:
@@ -47,11 +46,13 @@ class Strict(BaseModel):
 class EngineFlags(Strict):
     """Per-stage engine flags; a stage inherits its parent's and overrides what it names."""
 
-    kv_cache_dtype: str | None = Field(default=None, description="vLLM --kv-cache-dtype.")
-    quantization: str | None = Field(default=None, description="vLLM --quantization (online).")
+    kv_cache_dtype: str | None = Field(default=None, description="The engine's --kv-cache-dtype.")
+    quantization: str | None = Field(default=None,
+                                     description="The engine's --quantization (online).")
     extra_args: list[str] = Field(
         default_factory=list,
-        description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
+        description="More engine CLI arguments; none that sets an axis or a typed field (vLLM's "
+        "REFUSED_FLAGS, and the engine kind's own).")
 
     check_extra_args = field_validator("extra_args")(_check_stage_args)
 
