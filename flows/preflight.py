@@ -44,13 +44,13 @@ class Prepared:
             if stage.structured_output:
                 check_schema_items(stage.name, self.spec.evalsets)
         engine = self.spec.engine
-        if engine.kind == "vllm":
+        if engine.starts_server:
             fit_to_context(self.spec.evalsets, engine.max_model_len)  # no bucket fits: fail now
             for checkpoint in dict.fromkeys(stage.checkpoint for stage in self.stages):
                 check_checkpoint(checkpoint)  # headers and tokenizer: a broken file fails now
             check_prompts_fit(self.spec.evalsets, engine.max_model_len,
                               self.spec.baseline.checkpoint / "tokenizer.json")
-            if engine.device == "cpu":
+            if engine.serving_device() == "cpu":
                 flags = cpu_flags()
                 for stage in self.stages:
                     axes = stage.axes

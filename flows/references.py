@@ -16,20 +16,18 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
     reference = stages[stage.parent]
     while reference.axes.emulated and reference.parent is not None:
         reference = stages[reference.parent]
-    engine = prepared.spec.engine
-    if engine.kind == "external":
-        urls = [engine.stage_urls.get(name, engine.url) for name in (stage.name, reference.name)]
-        if urls[0] == urls[1]:
-            return None
+    if not prepared.spec.engine.serves_apart(stage.name, reference.name):
+        return None
     return reference
 
 
 def engines_to_keep(prepared: Prepared) -> dict[str, int]:
     """Stage name -> index of the last stage that may use its engine: the baseline's (adaptive
     looks score more of its items, timed stages race it) and each stage a later one is timed
-    against. vllm-cpu only: on a GPU a third engine beside two may not fit in memory."""
+    against. Where the engine kind keeps engines (vllm-cpu): on a GPU a third engine beside two
+    may not fit in memory."""
     engine, stages = prepared.spec.engine, prepared.stages
-    if engine.kind != "vllm" or engine.device != "cpu" or len(stages) < 2:
+    if not engine.keeps_engines() or len(stages) < 2:
         return {}
     keep = {stages[0].name: len(stages) - 1}
     for index, stage in enumerate(stages):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,13 +9,8 @@ from typing import Any
 from flows.axes import CALIBRATED, KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
 from flows.plan import Stage
 from infra.errors import EngineError, SpecError
+from infra.vllm_facts import CONFIG_KEYS, engine_config  # noqa: F401 (engine_config: tests)
 
-# vLLM logs its resolved engine configuration once at start-up (V1: "Initializing a V1 LLM
-# engine (v0.32.0) with config: model='...', ..., dtype=torch.bfloat16, ...,
-# quantization=compressed-tensors, ..., kv_cache_dtype=auto, ..."); older builds say "an LLM".
-CONFIG_LINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \([^)]*\) with config: (?P<body>.*)$",
-                         re.MULTILINE)
-CONFIG_KEYS = ("model", "dtype", "quantization", "kv_cache_dtype", "load_format")
 # Methods vLLM swaps in for a checkpoint's own (faster kernels, same numbers).
 KERNEL_UPGRADES = {"gptq": ("gptq_marlin", "gptq_bitblas"), "awq": ("awq_marlin",)}
 TORCH_DTYPES = {"half": "float16", "float": "float32"}
@@ -34,36 +28,10 @@ class Served:
     model_root: str | None = None  # /v1/models "root": the model path it loaded
     cache_dtype: str | None = None  # /metrics vllm:cache_config_info cache_dtype
     config: dict[str, str] = field(default_factory=dict)  # the start-up log's engine config
-
-
-def engine_config(log_text: str) -> dict[str, str]:
-    """CONFIG_KEYS from the last engine-config line of a vLLM start-up log ({} when none).
-    Values are as logged, quotes removed: 'None', 'torch.bfloat16', 'compressed-tensors'."""
-    lines = CONFIG_LINE.findall(log_text)
-    if not lines:
-        return {}
-    fields = dict(_top_level_fields(lines[-1]))
-    return {key: fields[key].strip("'\"") for key in CONFIG_KEYS if key in fields}
-
-
-def _top_level_fields(body: str) -> list[tuple[str, str]]:
-    """`a=1, b=X(c=2, d=3), e='f, g'` -> [(a, 1), (b, X(...)), (e, 'f, g')]: nested values
-    (configs, dicts, quoted paths with commas) stay whole."""
-    fields, depth, quote, start = [], 0, "", 0
-    for index, char in enumerate(body + ","):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            key, _, value = body[start:index].strip().partition("=")
-            fields.append((key.strip(), value.strip()))
-            start = index + 1
-    return fields
+    config_from: str = "its start-up log"  # where `config` was read, for the messages
+    # Why `config` lacks keys, with {missing} for them (the engine kind's config_source()).
+    unreadable: str = ("its start-up log has no engine config line with {missing} (vLLM's "
+                       "'Initializing a V1 LLM engine ... with config:')")
 
 
 def _none(value: str | None) -> str | None:
@@ -110,13 +78,12 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     config = served.config
     missing = [key for key in CONFIG_KEYS if key not in config]
     if missing:
-        problems.append(f"stage {name}: cannot tell what the engine serves: its start-up log has "
-                        f"no engine config line with {', '.join(missing)} (vLLM's 'Initializing "
-                        "a V1 LLM engine ... with config:'); not measured")
+        reason = served.unreadable.format(missing=", ".join(missing))
+        problems.append(f"stage {name}: cannot tell what the engine serves: {reason}; not measured")
         return problems
     checkpoint = Path(stage.checkpoint).resolve()
     wrong: dict[str, list[str]] = {}
-    for source, model in (("/v1/models", served.model_root), ("its start-up log", config["model"])):
+    for source, model in (("/v1/models", served.model_root), (served.config_from, config["model"])):
         if model is not None and Path(model).resolve() != checkpoint:
             wrong.setdefault(model, []).append(source)
     for model, sources in wrong.items():
@@ -142,22 +109,27 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     return problems
 
 
-def observe(base_url: str, model: str, cache_dtype: str | None, log_path: Path | None) -> Served:
-    """Ask the running engine: /v1/models for the model root, the start-up log for the config
-    (`cache_dtype`: what /metrics said at start-up, already in the engine's facts). Without a
-    log (an external engine) only /metrics counts: its model root is a path on another host."""
+def observe(facts, engine_spec, log_path: Path | None) -> Served:
+    """Ask the running engine: /v1/models for the model root, its kind for the configuration
+    it serves (vLLM's start-up log, SGLang's /get_server_info); the KV dtype is what /metrics
+    said at start-up, already in the engine's `facts`. An engine that does not report its
+    configuration (an external one) is judged on /metrics: its model root is another host's path."""
     import httpx
 
+    from infra.engine import engine_class
     from infra.probe import model_entry
 
-    if log_path is None:
-        return Served(cache_dtype=cache_dtype)
+    if log_path is None or not engine_spec.reports_config:
+        return Served(cache_dtype=facts.kv_cache_dtype)
     try:
-        root = model_entry(base_url, model).get("root")
+        root = model_entry(facts.base_url, facts.model).get("root")
     except (httpx.HTTPError, ValueError) as err:
-        raise EngineError(f"engine at {base_url} stopped answering /v1/models: {err}") from err
+        raise EngineError(f"engine at {facts.base_url} stopped answering /v1/models: {err}") from err
     log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    return Served(model_root=root, cache_dtype=cache_dtype, config=engine_config(log_text))
+    kind = engine_class(engine_spec.kind)
+    return Served(model_root=root, cache_dtype=facts.kv_cache_dtype,
+                  config=kind.served_config(facts, log_text), config_from=kind.config_from,
+                  unreadable=engine_spec.config_source())
 
 
 def kernel_mismatches(stage: Stage, facts) -> list[str]:
@@ -175,9 +147,8 @@ def check_served(stage: Stage, facts, engine_spec, log_path: Path | None) -> Non
     """Raise ServedMismatchError when the engine serving `stage` does not serve its axes."""
     from infra.checkpoint import read_config
 
-    external = engine_spec.kind == "external"
-    served = observe(facts.base_url, facts.model, facts.kv_cache_dtype,
-                     None if external else log_path)
+    external = not engine_spec.reports_config
+    served = observe(facts, engine_spec, log_path)
     config = {} if external else read_config(stage.checkpoint)
     problems = mismatches(stage, served, config, dtype=getattr(engine_spec, "dtype", None),
                           external=external) + kernel_mismatches(stage, facts)

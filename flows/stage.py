@@ -30,9 +30,8 @@ from gates.comparability import (
 from gates.record import StageRecord
 from infra.checkpoint import model_shape
 from infra.cores import plan_for
-from infra.engine import EngineFacts, engine_class
+from infra.engine import STARTED, EngineFacts, engine_class
 from infra.errors import EngineError, GpuBusyError, MeasurementError, PortInUseError
-from infra.vllm_engine import STARTED
 from load.prompts import bind, describe, source_digest
 
 

@@ -154,10 +154,5 @@ def _explicit(bind: str, cores: tuple[int, ...], count: str) -> CorePlan:
 
 
 def plan_for(engine_spec, usable: Iterable[int] | None = None) -> CorePlan:
-    """The plan for a spec's engine: a vLLM engine quantgate starts, or an external server."""
-    if getattr(engine_spec, "kind", "vllm") != "vllm":
-        cores = tuple(sorted(usable)) if usable is not None else usable_cores()
-        # Usually another host; on this one, its cores are its operator's to keep apart.
-        return CorePlan(usable=cores, engine=(), client=cores, shared=False,
-                        reason="external engine: its cores are not planned here")
-    return plan_cores(engine_spec.device, engine_spec.omp_threads_bind, usable)
+    """The plan for a spec's engine, as its kind makes it (infra/engine.py EngineArgs)."""
+    return engine_spec.core_plan(usable)

@@ -1,13 +1,26 @@
-"""The engine interface: a server you start (or find), probe for facts, and stop."""
+"""The engine interface: a server you start (or find), probe for facts, and stop; and the
+registry of engine kinds, each a module `infra/<kind>_engine.py` with its settings and its class."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import EngineError, did_you_mean
+
+if TYPE_CHECKING:
+    from infra.cores import CorePlan
+
+# The longest context a served model declares today is 10M tokens; beyond 2^24 a typo.
+MAX_CONTEXT_TOKENS = 2**24
+DEFAULT_KIND = "vllm"  # an engine without `kind` in a spec
+# Every engine this process started, in order, as (stage served, log): a run records them.
+STARTED: list[tuple[str, Path]] = []
 
 
 class EngineFacts(BaseModel):
@@ -70,10 +83,82 @@ class EngineFacts(BaseModel):
         return f"{env} {cmd}".strip()
 
 
+class EngineArgs(BaseModel):
+    """One kind's settings, the spec's `engine:`; every question the rest of quantgate asks of
+    an engine kind is a method here, so that no caller tells kinds apart by name."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    kind: str
+    # True: quantgate starts the server per stage (on `host`/`port`, from the stage's checkpoint).
+    starts_server: ClassVar[bool] = True
+    # True: the engine reports the configuration it serves (model, dtype, quantization, KV dtype,
+    # load format), so the served check compares all of it; False: only what /metrics shows.
+    reports_config: ClassVar[bool] = True
+
+    def serving_device(self) -> str:
+        """What the timings depend on: 'cpu', 'cuda', or 'external' (another host's)."""
+        return "external"
+
+    def axes_device(self) -> str:
+        """The device whose build decides what an online quantization method serves."""
+        return self.serving_device()
+
+    def on_gpu(self) -> bool:
+        """Whether the run's placement plan gives this engine GPUs (infra/placement.py)."""
+        return False
+
+    def placed(self, visible_devices: str, memory_share: float) -> EngineArgs:
+        """These settings on the GPUs and memory share the placement plan gives an engine."""
+        return self
+
+    def keeps_engines(self) -> bool:
+        """Whether a run keeps stage engines up for later stages (cheap to hold, slow to start)."""
+        return False
+
+    def command(self, checkpoint: Path, flags: Any, python: str = "python",
+                reveal: bool = False) -> tuple[list[str], dict[str, str]]:
+        """The exact command and environment that serve `checkpoint` with a stage's `flags`."""
+        raise EngineError(f"engine kind {self.kind!r} starts no server: it has no command")
+
+    def cache_identity(self, stage: str, flags: Any) -> dict:
+        """What of the engine goes into a stage's cache key: all that changes a measurement."""
+        command, env = self.command(Path("CHECKPOINT"), flags)
+        return {"kind": self.kind, "command": command, "env": env}
+
+    def api_key(self) -> str | None:
+        """The key quantgate's clients send the engine, or None."""
+        return None
+
+    def core_plan(self, usable: Any = None) -> CorePlan:
+        """Which CPU cores the engine binds and which the load generator gets."""
+        from infra.cores import plan_cores
+
+        return plan_cores(self.serving_device(), None, usable)
+
+    def check_stages(self, stages: list[tuple[str, str, bool]]) -> None:
+        """Refuse settings that do not fit the spec's stages, given as (name, parent,
+        serves_parent_again); raise ValueError. Default: nothing to check."""
+
+    def serves_apart(self, stage: str, other: str) -> bool:
+        """Whether two stages are served by two engines (False: one server answers both)."""
+        return True
+
+    def check_extra_args(self, args: list[str]) -> None:
+        """Refuse a stage's extra CLI arguments this kind sets itself; raise ValueError."""
+
+    def config_source(self) -> str:
+        """Why the served check could not read the engine's configuration: a sentence with
+        `{missing}` where the keys it lacks go."""
+        return "its report has no {missing}"
+
+
 class Engine(ABC):
     """A running OpenAI-compatible server; use as a context manager."""
 
     kind: ClassVar[str]
+    args: ClassVar[type[EngineArgs]]
+    config_from: ClassVar[str] = "its start-up log"  # where served_config() reads, for messages
 
     @abstractmethod
     def start(self) -> EngineFacts: ...
@@ -91,6 +176,12 @@ class Engine(ABC):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @classmethod
+    def served_config(cls, facts: EngineFacts, log_text: str) -> dict[str, str]:
+        """What the running engine says it serves (model, dtype, quantization, kv_cache_dtype,
+        load_format; values as it spells them), from its start-up log or its own API."""
+        return {}
+
 
 ENGINES: dict[str, type[Engine]] = {}
 
@@ -100,10 +191,19 @@ def register(cls: type[Engine]) -> type[Engine]:
     return cls
 
 
-def engine_class(kind: str) -> type[Engine]:
-    # Importing here registers the built-in kinds without import-time side effects elsewhere.
-    from infra import external_engine, vllm_engine  # noqa: F401
+def engine_kinds() -> dict[str, type[Engine]]:
+    """Every engine kind, keyed by `kind`: each module `infra/<name>_engine.py` registers its
+    own when imported, so adding a kind is adding its file."""
+    import infra
 
-    if kind not in ENGINES:
-        raise EngineError(f"unknown engine kind {kind!r}; {did_you_mean(kind, tuple(ENGINES))}")
-    return ENGINES[kind]
+    for module in pkgutil.iter_modules(infra.__path__):
+        if module.name.endswith("_engine"):
+            importlib.import_module(f"infra.{module.name}")
+    return ENGINES
+
+
+def engine_class(kind: str) -> type[Engine]:
+    kinds = engine_kinds()
+    if kind not in kinds:
+        raise EngineError(f"unknown engine kind {kind!r}; {did_you_mean(kind, tuple(kinds))}")
+    return kinds[kind]

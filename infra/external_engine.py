@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import posixpath
 import socket
 import threading
 from pathlib import Path
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import Field, field_validator
 
 from infra.checkpoint import weight_bytes
-from infra.engine import Engine, EngineFacts, register
-from infra.errors import EngineError, did_you_mean
+from infra.engine import Engine, EngineArgs, EngineFacts, register
+from infra.errors import EngineError, SpecError, did_you_mean
 from infra.probe import cache_config, get_json, optional_int
+from infra.secrets import redact, remember
 
 RESOLVE_TIMEOUT_S = 2.0  # a name that does not resolve by then is compared by its spelling
 THIS_HOST = "this host"  # what every address of this machine (loopback, its own, 0.0.0.0) is
@@ -129,9 +133,94 @@ def check_running(base_url: str, model: str, timeout_s: float | None = None) -> 
                           f"{did_you_mean(model, names)}")
 
 
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{redact(url)!r} is not an http(s) URL with a host, e.g. "
+                         "http://10.0.0.5:8000")
+    if parts.password is not None:
+        raise ValueError(f"{redact(url)!r} carries a password; give the server's API key through "
+                         "engine.api_key_env instead")
+    return url
+
+
+class ExternalEngineSpec(EngineArgs):
+    """A server that is already running; quantgate only talks to it."""
+
+    kind: Literal["external"]
+    url: str = Field(description="OpenAI-compatible root, e.g. http://10.0.0.5:8000")
+    stage_urls: dict[str, str] = Field(
+        default_factory=dict, description="Per-stage URL overrides, keyed by stage name."
+    )
+    model: str | None = Field(default=None, description="Served model name; default: the only one.")
+    api_key_env: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable that holds the servers' API key (sent as "
+                    "a Bearer token); never the key itself.")
+
+    starts_server: ClassVar[bool] = False
+    reports_config: ClassVar[bool] = False  # judged on what it exposes (/metrics)
+
+    check_url = field_validator("url")(_check_url)
+
+    @field_validator("stage_urls")
+    @classmethod
+    def _check_stage_urls(cls, urls: dict[str, str]) -> dict[str, str]:
+        for url in urls.values():
+            _check_url(url)
+        return urls
+
+    def url_of(self, stage: str) -> str:
+        return self.stage_urls.get(stage, self.url)
+
+    def axes_device(self) -> str:
+        return "cuda"  # an external server is taken to be a CUDA vLLM
+
+    def cache_identity(self, stage: str, flags: Any) -> dict:
+        return {"kind": "external", "url": self.url_of(stage), "model": self.model}
+
+    def api_key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise SpecError(f"engine.api_key_env: environment variable {self.api_key_env} is not "
+                            "set; export it with the servers' API key")
+        remember(key)
+        return key
+
+    def core_plan(self, usable: Any = None):
+        from infra.cores import CorePlan, usable_cores
+
+        cores = tuple(sorted(usable)) if usable is not None else usable_cores()
+        # Usually another host; on this one, its cores are its operator's to keep apart.
+        return CorePlan(usable=cores, engine=(), client=cores, shared=False,
+                        reason="external engine: its cores are not planned here")
+
+    def serves_apart(self, stage: str, other: str) -> bool:
+        return self.url_of(stage) != self.url_of(other)
+
+    def check_stages(self, stages: list[tuple[str, str, bool]]) -> None:
+        seen = {"baseline"} | {name for name, _, _ in stages}
+        for name in self.stage_urls:
+            if name not in seen:  # it would fall back to `url`: the baseline's own server
+                raise ValueError(f"engine.stage_urls: {name!r} is not a stage; "
+                                 f"{did_you_mean(name, tuple(seen))}")
+        url = {name: self.url_of(name).rstrip("/") for name in seen}
+        for name, parent, serves_parent_again in stages:
+            # http://localhost:9001 and http://127.0.0.1:9001/ are one server, too.
+            if not serves_parent_again and same_server(url[name], url[parent]):
+                also = "" if url[name] == url[parent] else f", which {url[parent]} also reaches"
+                raise ValueError(
+                    f"engine.stage_urls: stage {name!r} would be served by its parent "
+                    f"{parent!r}'s own server ({url[name]}{also}) and compared "
+                    f"with itself; give {name!r} its own URL in stage_urls")
+
+
 @register
 class ExternalEngine(Engine):
     kind = "external"
+    args = ExternalEngineSpec
 
     def __init__(self, spec, checkpoint: Path, flags, log_path: Path, stage: str = "") -> None:
         self.spec = spec

@@ -2,64 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-from pathlib import Path
-
 import httpx
 
-from infra.checkpoint import read_config, weight_bytes
-from infra.cores import plan_cores
-from infra.engine import Engine, EngineFacts, register
-from infra.errors import EngineError, PortInUseError
-from infra.placement import wait_until_free
-from infra.ports import free_port, port_free
-from infra.probe import cache_config, get_json, healthy, optional_int
-from infra.process import LoggedProcess
-from infra.quiet import quiet
-from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
-from infra.vllm_facts import kv_tokens_from_metrics, read_log
-
-# Exactly these three: the engine's environment is recorded, and a stage's cache key reads it.
-QUIET_ENV = quiet("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
-# Every engine this process started, in order, as (stage served, log): a run records them.
-STARTED: list[tuple[str, Path]] = []
-
-
-def build_command(
-    spec, checkpoint: Path, flags, python: str = sys.executable, reveal: bool = False
-) -> tuple[list[str], dict[str, str]]:
-    """The exact command and engine environment for a stage (no process is started). An
-    `--api-key` goes to vLLM as VLLM_API_KEY (not in the command line or its start-up log), shown
-    as MASK unless `reveal`; any other credential-like flag's value is masked unless `reveal`."""
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
-    command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
-    if spec.max_model_len:
-        command += ["--max-model-len", str(spec.max_model_len)]
-    if spec.enforce_eager:
-        command.append("--enforce-eager")
-    if flags.kv_cache_dtype:
-        command += ["--kv-cache-dtype", flags.kv_cache_dtype]
-    if flags.quantization:
-        command += ["--quantization", flags.quantization]
-    extra, api_key = split_api_key(list(spec.extra_args) + list(flags.extra_args))
-    command += extra if reveal else redact_args(extra)
-    env = dict(QUIET_ENV)
-    if api_key:
-        env[ENGINE_KEY_ENV] = api_key if reveal else MASK
-    if spec.device == "cpu":
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
-        # Cores the load generator gets stay off the engine's (infra/cores.py); the spec's bind wins.
-        env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
-    else:
-        command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
-        if spec.tensor_parallel_size > 1:
-            command += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-        if spec.cuda_visible_devices:  # the placement plan's GPUs for this engine
-            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
-    return command, env
+from infra.checkpoint import weight_bytes
+from infra.engine import STARTED, EngineFacts, register  # noqa: F401 (STARTED: re-exported)
+from infra.launch import LaunchedEngine
+from infra.ports import port_free  # noqa: F401 (re-exported)
+from infra.probe import cache_config, get_json, optional_int
+from infra.vllm_args import QUIET_ENV, VllmEngineSpec, build_command  # noqa: F401 (re-exported)
+from infra.vllm_facts import engine_config, kv_tokens_from_metrics, read_log
 
 
 def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, log: str,
@@ -84,58 +35,17 @@ def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, 
 
 
 @register
-class VllmEngine(Engine):
+class VllmEngine(LaunchedEngine):
     kind = "vllm"
-
-    def __init__(self, spec, checkpoint: Path, flags, log_path: Path, stage: str = "") -> None:
-        if spec.port is None:  # a port per engine: runs side by side do not collide
-            spec = spec.model_copy(update={"port": free_port(spec.host)})
-        self.spec = spec
-        self.checkpoint = checkpoint
-        self.flags = flags
-        self.log_path = log_path
-        self.stage = stage
-        self.base_url = f"http://{spec.host}:{spec.port}"
-        self.process: LoggedProcess | None = None
-
-    def start(self) -> EngineFacts:
-        read_config(self.checkpoint)
-        if not port_free(self.spec.host, self.spec.port):
-            raise PortInUseError(
-                f"port {self.spec.port} on {self.spec.host} is already in use; "
-                "stop what holds it or set engine.port in the spec"
-            )
-        command, env = build_command(self.spec, self.checkpoint, self.flags, reveal=True)
-        if self.spec.device == "cuda" and self.spec.cuda_visible_devices:
-            # The engine stopped before on these GPUs must have let go of its memory.
-            wait_until_free([int(i) for i in self.spec.cuda_visible_devices.split(",")],
-                            self.spec.gpu_memory_utilization)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        STARTED.append((self.stage, self.log_path))
-        started = time.monotonic()
-        self.process = LoggedProcess(command, self.log_path, env=os.environ | env)
-        self.process.wait_ready(
-            lambda: healthy(self.base_url), self.spec.startup_timeout_s, EngineError,
-            died="engine exited with code {code} during start-up (log {log}):\n{tail}",
-            not_ready="engine not healthy after {timeout:g} s (log {log}):\n{tail}",
-            poll_s=1.0, since=started)
-        facts = self._facts(*build_command(self.spec, self.checkpoint, self.flags))
-        facts.startup_s = round(time.monotonic() - started, 1)
-        facts.pid = self.process.pid if self.process is not None else None
-        return facts
+    args = VllmEngineSpec
 
     def _facts(self, command: list[str], env: dict[str, str]) -> EngineFacts:
         models = get_json(self.base_url, "/v1/models")["data"]
         version = get_json(self.base_url, "/version").get("version")
         metrics = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        return engine_facts(self.base_url, models[0], version, metrics,
-                            self.log_path.read_text(errors="replace") if self.log_path.exists()
-                            else "", command, env, weight_bytes(self.checkpoint))
+        return engine_facts(self.base_url, models[0], version, metrics, self.log_text(),
+                            command, env, weight_bytes(self.checkpoint))
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.alive():
-            process.stop(grace_s=30)
+    @classmethod
+    def served_config(cls, facts: EngineFacts, log_text: str) -> dict[str, str]:
+        return engine_config(log_text)

@@ -96,3 +96,41 @@ def kernel_summary(quantization: str | None, kernels: list[str], fp8_marlin_fall
         linear += " (FP8-Marlin fallback: weight-only, activations not quantized)"
     method = f"{quantization}: " if quantization else ""
     return f"{method}linear {linear}; attention {attention or '-'}"
+
+
+# vLLM logs its resolved engine configuration once at start-up (V1: "Initializing a V1 LLM
+# engine (v0.32.0) with config: model='...', ..., dtype=torch.bfloat16, ...,
+# quantization=compressed-tensors, ..., kv_cache_dtype=auto, ..."); older builds say "an LLM".
+CONFIG_LINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \([^)]*\) with config: (?P<body>.*)$",
+                         re.MULTILINE)
+CONFIG_KEYS = ("model", "dtype", "quantization", "kv_cache_dtype", "load_format")
+
+
+def engine_config(log_text: str) -> dict[str, str]:
+    """CONFIG_KEYS from the last engine-config line of a vLLM start-up log ({} when none).
+    Values are as logged, quotes removed: 'None', 'torch.bfloat16', 'compressed-tensors'."""
+    lines = CONFIG_LINE.findall(log_text)
+    if not lines:
+        return {}
+    fields = dict(_top_level_fields(lines[-1]))
+    return {key: fields[key].strip("'\"") for key in CONFIG_KEYS if key in fields}
+
+
+def _top_level_fields(body: str) -> list[tuple[str, str]]:
+    """`a=1, b=X(c=2, d=3), e='f, g'` -> [(a, 1), (b, X(...)), (e, 'f, g')]: nested values
+    (configs, dicts, quoted paths with commas) stay whole."""
+    fields, depth, quote, start = [], 0, "", 0
+    for index, char in enumerate(body + ","):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            key, _, value = body[start:index].strip().partition("=")
+            fields.append((key.strip(), value.strip()))
+            start = index + 1
+    return fields

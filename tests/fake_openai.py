@@ -18,7 +18,7 @@ class FakeOpenAI:
     A stream may also end early after `end_after_tokens` tokens: with an error event
     (`end_with="error"`, as vLLM reports a failure mid-stream) or with the connection cut
     (`end_with="cut"`, an engine that died). `split_events` sends each event in two writes, a
-    pause between them, so that a client receives lines in pieces.
+    pause between them, so that a client receives lines in pieces. `port`: 0 for a free one.
     """
 
     def __init__(
@@ -33,8 +33,10 @@ class FakeOpenAI:
         end_after_tokens: int | None = None,
         end_with: str = "cut",
         split_events: bool = False,
+        port: int = 0,
     ) -> None:
         self.model = model
+        self.port = port
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.error_fraction = error_fraction
@@ -68,7 +70,7 @@ class FakeOpenAI:
         class Handler(self.handler()):
             server_state = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

@@ -50,6 +50,8 @@ def gate(
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)
+    for line in _run_placement(results_dir):  # where a CUDA run's engines went
+        console.print(f"placement: {escape(line)}", highlight=False)
     if report is not None:
         from gates.report import write_report
 

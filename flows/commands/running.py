@@ -23,13 +23,13 @@ def validate(spec: Path) -> None:
     """Check a spec, its stages' axes, eval sets, load profile and gate policy; run nothing."""
     from flows.preflight import Prepared
     from flows.settings import check_writable, load_settings
-    from infra.vllm_engine import port_free
+    from infra.ports import port_free
 
     try:
         prepared = Prepared(spec)
         engine = prepared.spec.engine
-        if engine.kind == "vllm" and engine.port is not None and not port_free(engine.host,
-                                                                                engine.port):
+        if engine.starts_server and engine.port is not None and not port_free(engine.host,
+                                                                               engine.port):
             fail(f"engine.port {engine.port} on {engine.host} is already in use: stop what holds "
                  "it, choose another engine.port, or leave engine.port unset (a free port per "
                  "engine)")

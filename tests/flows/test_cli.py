@@ -309,3 +309,25 @@ def test_gate_reports_from_the_run_folder_alone_its_spec_and_data_gone(tmp_path)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "the question the run asked" in md
     assert "no load profile was passed" not in md  # the what-if's CPU check had the profile
+
+
+def test_gate_prints_where_a_cuda_runs_engines_went(tmp_path):
+    """`make gpu-check` ends with `gate`: the stage table, then the placement the run recorded."""
+    from gates.record import RunManifest
+    from infra.placement import EngineNeed, declared_gpus, plan_placement
+
+    run = stored_run(tmp_path)
+    placement = plan_placement(declared_gpus(80, 1), [
+        EngineNeed("stage", name, 270_000_000, 46_080, 5120) for name in ("baseline", "w")
+    ] + [EngineNeed("beside", "baseline", 270_000_000, 46_080, 5120)])
+    manifest = RunManifest.read(run)
+    manifest.placement = placement.model_dump(mode="json")
+    manifest.save(run)
+    result = runner.invoke(app, ["gate", str(run)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("placement: ")]
+    assert any("CUDA_VISIBLE_DEVICES=0, gpu_memory_utilization 0.47" in line for line in lines), \
+        result.output
+    # A CPU run records no placement and prints none.
+    assert "placement:" not in runner.invoke(app, ["gate", str(stored_run(tmp_path / "cpu"))],
+                                             env={"COLUMNS": "200"}).output

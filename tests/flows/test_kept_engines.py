@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from flows.engines import KeptEngines, engine_beside, spec_port_free
 from flows.plan import plan
 from flows.references import engines_to_keep
-from flows.spec import Spec
+from flows.spec import ExternalEngineSpec, Spec
 from infra.engine import Engine, EngineFacts
 from tests.flows.checkpoints import W8A8, W8A16, make_checkpoint, make_emulated_checkpoint
 
@@ -41,7 +41,7 @@ def test_the_baseline_is_kept_for_the_run_and_a_reference_until_its_last_race(tm
 def test_nothing_is_kept_on_a_gpu_or_an_external_engine(tmp_path):
     assert engines_to_keep(chain(tmp_path, device="cuda")) == {}
     external = chain(tmp_path)
-    external.spec.engine = SimpleNamespace(kind="external", device="cpu")
+    external.spec.engine = ExternalEngineSpec(kind="external", url="http://127.0.0.1:9")
     assert engines_to_keep(external) == {}
 
 

