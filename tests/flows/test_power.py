@@ -107,8 +107,8 @@ def test_a_set_that_declares_clusters_is_planned_with_its_own_clusters(monkeypat
 def test_the_simulations_spread_over_processes_give_the_figures_of_one(monkeypatch, tmp_path):
     """Validate's simulations run in worker processes, each with its own seed: the same figures
     as one process running them in turn, whatever the number of workers."""
-    from gates.power import decision_power
     from flows.power import simulated
+    from gates.power import decision_power
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     sets = [EvalSetSpec(name="math", limit=60), EvalSetSpec(name="code", limit=20)]
