@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, REPO, free_port
+from tests.flows.test_acceptance_e2e import FAST_DTYPE, MATH_BUDGET, MODELS, REPO, free_port
 
 pytestmark = pytest.mark.e2e
 QUANTGATE = [sys.executable, "-m", "flows.cli"]
@@ -42,7 +42,9 @@ def team_policy(folder: Path) -> Path:
     policy["tolerances"]["8bit"] = {"accuracy_margin": 0.15, "max_kl": 0.2, "min_top1": 0.7}
     policy["tolerances"]["4bit"]["accuracy_margin"] = 0.15
     policy["perplexity"] |= {"max_increase_vs_parent": 0.3, "max_increase_vs_baseline": 0.3}
-    policy["length"] |= {"max_change": 0.5, "required": False}
+    # W8A8 answers longer on this model (x1.3 vs the baseline on some CPUs): widened against
+    # the parent and the baseline alike, or the chain's go depends on the box.
+    policy["length"] |= {"max_change": 0.5, "max_change_vs_baseline": 0.5, "required": False}
     policy["quality"] |= {"max_looks": 1}
     path = folder / "team-policy.yaml"
     path.write_text(yaml.safe_dump(policy))
@@ -57,7 +59,7 @@ def template(folder: Path, name: str, stages: list[dict], policy: str | None = "
         "engine": {"kind": "vllm", "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
                    "startup_timeout_s": 600, **FAST_DTYPE},
         "stages": stages,
-        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": 64}],  # as the tree's
+        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": MATH_BUDGET}],  # as the tree's
         "load_profile": "ci",
     } | ({"gate_policy": policy} if policy else {})
     path = folder / f"{name}.yaml"
