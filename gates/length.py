@@ -3,19 +3,19 @@
 Each pair of answers to one item gives r = log((stage tokens + 1) / (reference tokens + 1)), the
 reference being the parent and, for the chain as a whole, the baseline. Per set:
 
-- A stage answer cut at the generation budget (finish "length") is right-censored: its true
-  length is at least the cut one, so its true r is at least the one observed.
-- A pair whose reference answer was cut is set aside. The estimate is of r given the reference's
-  length, and choosing pairs by that length leaves the law of r among the rest as it was (no
-  bias while the ratio does not depend on how long the reference answered). Counting such a pair
-  as left-censored instead, while the pairs where both were cut carry nothing, keeps only the
-  ones that shrank: it biases the ratio down and hides growth.
-- About half of a quantized stage's greedy answers keep their exact length, a share p0 with
-  r = 0 that a single normal misplaces (its tail, where the cut answers lie, comes out too thin:
-  x1.10 read as x1.09 at 20 % cut). So the changed pairs get a censored-normal (Tobit) maximum
-  likelihood fit of their mean mu1, and the mean log ratio is (1 - p0) * mu1, its standard error
-  by the delta method (the fit's observed information, p0's binomial variance) times
-  sqrt(n / (n - 1)): without censoring, exactly the paired t-test of the mean.
+- An answer cut at the generation budget (finish "length"), on either side, is right-censored:
+  its true length is at least the cut one. No pair is set aside. Each side's log lengths get a
+  censored-normal (Tobit) maximum likelihood fit of their mean, and the ratio is the difference
+  of the two means. A changed greedy answer is often another answer, whose length follows the
+  set's lengths rather than the reference's: setting aside the pairs whose reference was cut
+  kept only short references and read an unchanged stage as longer (x1.082 on the real W8A16
+  math answers with 39 % cut at 64 tokens, x1.091 on HumanEval), and a fit of the pairs' own
+  ratios cannot place those. The two fits leave an equivalent stage at x1 whatever the pairs'
+  dependence, and read a drift of the whole law as itself.
+- The pairing enters through the error: each pair's difference of the two fits' influence on
+  their means (the M-estimation sandwich), its variance times n / (n - 1). Unchanged pairs
+  (about half of a quantized stage's greedy answers) add nothing to it. Without cuts this is
+  exactly the paired t-test of the mean log ratio.
 - A ratio passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
   log(1 - limit)..log(1 + limit): two one-sided tests at quality.alpha (Schuirmann), so a ratio
   drifting by exactly the limit passes at most alpha of the time. The pooled ratio (the sets'
@@ -25,16 +25,17 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   when its one-sided p of lying beyond the limit, Holm-adjusted over the sets and the pool, is
   below alpha, so drift in some sets cannot hide behind unchanged ones; a set's own unresolved
   ratio is shown, not blocking.
-- Fail closed: a set with fewer than quality.min_items kept pairs is inconclusive and blocks
-  whatever the policy says. One where more than length.max_censored_share of the changed pairs
-  were cut, or too few were left uncut to fit, cannot carry a fit: its ratio is then the
-  restricted mean (each cut answer at its cut length, as survival analysis restricts a mean to
-  its horizon), which says how lengths moved within the budget and nothing beyond it. It may
-  pass only while the answers newly cut at the budget, over all sets against this reference, are
-  bounded (the upper end of their 1 - 2 alpha Wilson interval within
+- Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks
+  whatever the policy says. A side whose uncut answers are too few or all alike to show a spread
+  borrows the other side's (or FALLBACK_SIGMA). One where more than length.max_censored_share of
+  the changed pairs have a cut answer, or whose fits do not converge, cannot carry a fit: its
+  ratio is then the restricted mean (each cut answer at its cut length, as survival analysis
+  restricts a mean to its horizon), which says how lengths moved within the budget and nothing
+  beyond it. It may pass only while the answers newly cut at the budget, over all sets against
+  this reference, are bounded (the upper end of their 1 - 2 alpha Wilson interval within
   length.max_length_finish_increase): what ran past the budget is then a few answers, not the
-  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise the ratio is
-  only bounded below and fails only when that bound already lies above the limit.
+  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise it cannot
+  pass, and fails only when the restricted mean already lies confidently above the limit.
 """
 
 from __future__ import annotations
@@ -56,21 +57,35 @@ POOLED = "all sets"
 
 @dataclass(frozen=True)
 class Pairs:
-    """One set's paired log ratios: `cut` marks a stage answer cut at the budget (true r >= r)."""
+    """One set's paired answers: log(tokens + 1) of each side and which were cut at the budget
+    (a cut answer's true length is at least the one seen)."""
 
-    ratios: np.ndarray
-    cut: np.ndarray
-    set_aside: int  # pairs whose reference answer was cut: left out
+    stage: np.ndarray
+    reference: np.ndarray
+    stage_cut: np.ndarray
+    reference_cut: np.ndarray
 
     @classmethod
     def of(cls, reference: TaskQuality, stage: TaskQuality | None) -> Pairs:
         known = [(r, s) for r, s in paired_items(reference, stage)
                  if s.output_tokens is not None and r.output_tokens is not None]
-        kept = [(r, s) for r, s in known if r.finish_reason != "length"]
-        return cls(np.array([math.log((s.output_tokens + 1) / (r.output_tokens + 1))
-                             for r, s in kept], dtype=float),
-                   np.array([s.finish_reason == "length" for _, s in kept], dtype=bool),
-                   len(known) - len(kept))
+        return cls(np.array([math.log(s.output_tokens + 1) for _, s in known], dtype=float),
+                   np.array([math.log(r.output_tokens + 1) for r, _ in known], dtype=float),
+                   np.array([s.finish_reason == "length" for _, s in known], dtype=bool),
+                   np.array([r.finish_reason == "length" for r, _ in known], dtype=bool))
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """Per pair log((stage tokens + 1) / (reference tokens + 1)), each at its cut length."""
+        return self.stage - self.reference
+
+    @property
+    def changed(self) -> np.ndarray:
+        return (self.stage != self.reference) | (self.stage_cut != self.reference_cut)
+
+    @property
+    def newly_cut(self) -> np.ndarray:
+        return self.stage_cut & ~self.reference_cut
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,7 @@ class Drift:
     n: int
     changed: int
     cut: int
-    set_aside: int
+    reference_cut: int  # pairs whose reference answer was cut (kept: at least its cut length)
     p_above: float  # one-sided p of "mean <= log(1 + limit)"
     p_below: float  # one-sided p of "mean >= log(1 - limit)"
     unresolved: str | None = None  # why the set cannot pass
@@ -124,7 +139,8 @@ def pooled_drift(results: list[Drift], bounds: tuple[float, float], alpha: float
     left out (and named); one whose censoring leaves it unbounded leaves the pool unbounded."""
     usable = [r for r in results if not r.too_few]
     counts = {"n": sum(r.n for r in results), "changed": sum(r.changed for r in results),
-              "cut": sum(r.cut for r in results), "set_aside": sum(r.set_aside for r in results)}
+              "cut": sum(r.cut for r in results),
+              "reference_cut": sum(r.reference_cut for r in results)}
     if not usable:
         return Drift(0.0, -math.inf, math.inf, **counts, p_above=1.0, p_below=1.0,
                      too_few=True, unresolved="no set has enough pairs: cannot decide, fail "
@@ -145,71 +161,94 @@ def pooled_drift(results: list[Drift], bounds: tuple[float, float], alpha: float
     return replace(pooled, restricted=restricted, p_below=1.0 if restricted else pooled.p_below)
 
 
-def _log_likelihood(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> float:
+def _log_likelihood(params: np.ndarray, x: np.ndarray, cut: np.ndarray) -> float:
     """Censored-normal log likelihood (up to a constant) of (mu, log sigma): log densities of the
-    exact ratios, log survival (scipy.special.log_ndtr) of the censored ones."""
+    exact values, log survival (scipy.special.log_ndtr) of the cut ones."""
+    mu, log_sigma = params
+    z = (x - mu) / math.exp(log_sigma)
+    exact = z[~cut]
+    return float(-0.5 * exact @ exact - exact.size * log_sigma + special.log_ndtr(-z[cut]).sum())
+
+
+def _item_scores(params: np.ndarray, x: np.ndarray, cut: np.ndarray) -> np.ndarray:
+    """Each value's gradient of `_log_likelihood` in (mu, log sigma), one row per value; the
+    inverse Mills ratio phi(z) / Phi(-z) of the cut ones taken in logs (finite far in the tail)."""
     mu, log_sigma = params
     sigma = math.exp(log_sigma)
-    z_exact, z_censored = (exact - mu) / sigma, (censored - mu) / sigma
-    return float(-0.5 * z_exact @ z_exact - exact.size * log_sigma
-                 + special.log_ndtr(-z_censored).sum())
+    z = (x - mu) / sigma
+    mills = np.exp(stats.norm.logpdf(z) - special.log_ndtr(-z))
+    d_mu = np.where(cut, mills, z) / sigma
+    d_log_sigma = np.where(cut, mills * z, z * z - 1)
+    return np.column_stack([d_mu, d_log_sigma])
 
 
-def _score(params: np.ndarray, exact: np.ndarray, censored: np.ndarray) -> np.ndarray:
-    """The gradient of `_log_likelihood` in (mu, log sigma), with the inverse Mills ratio
-    phi(z) / Phi(-z) of the censored ratios taken in logs (it stays finite far in the tail)."""
-    mu, log_sigma = params
-    sigma = math.exp(log_sigma)
-    z_exact, z_censored = (exact - mu) / sigma, (censored - mu) / sigma
-    mills = np.exp(stats.norm.logpdf(z_censored) - special.log_ndtr(-z_censored))
-    return np.array([(z_exact.sum() + mills.sum()) / sigma,
-                     z_exact @ z_exact - exact.size + mills @ z_censored])
-
-
-# The spread of a changed pair's log ratio when too few changed answers were left uncut to
-# estimate it: what the real W8A16 stage showed on SmolLM2's math answers (a changed greedy answer
-# is often another answer). A near-identical stage (a control: 2 of 39 answers changed, 1 of them
-# cut) is then judged on its few changes instead of being unbounded by one cut answer.
+# The spread of log lengths when a side's uncut answers are too few or all alike to estimate it
+# (and the other side's cannot lend one): what SmolLM2's real answers show per changed pair.
 FALLBACK_SIGMA = 0.55
 
 
-def _tobit_fixed_sigma(exact: np.ndarray, censored: np.ndarray) -> tuple[float, float] | None:
-    """Censored-normal MLE of the mean with sigma fixed at FALLBACK_SIGMA, and its variance."""
-    log_sigma = math.log(FALLBACK_SIGMA)
-    start = float(np.concatenate([exact, censored]).mean())
-    fit = optimize.minimize_scalar(
-        lambda mu: -_log_likelihood(np.array([mu, log_sigma]), exact, censored),
-        bracket=(start - 1, start + 1))
-    mu, step = float(fit.x), 1e-4
-    curvature = (_log_likelihood(np.array([mu + step, log_sigma]), exact, censored)
-                 - 2 * _log_likelihood(np.array([mu, log_sigma]), exact, censored)
-                 + _log_likelihood(np.array([mu - step, log_sigma]), exact, censored)) / step**2
-    if not (math.isfinite(mu) and curvature < 0):
-        return None
-    return mu, -1 / curvature
+def _spread_known(x: np.ndarray, cut: np.ndarray) -> bool:
+    exact = x[~cut]
+    return exact.size >= 2 and np.ptp(exact) > 0
 
 
-def _tobit(ratios: np.ndarray, cut: np.ndarray) -> tuple[float, float] | None:
-    """Censored-normal MLE of the mean and its variance (observed information), or None."""
-    exact, censored = ratios[~cut], ratios[cut]
-    if exact.size < 2 or np.ptp(exact) == 0:
-        return _tobit_fixed_sigma(exact, censored)
-    start = np.array([ratios.mean(), math.log(ratios.std() + 1e-3)])
-    fit = optimize.minimize(lambda p: -_log_likelihood(p, exact, censored), start, method="BFGS",
-                            jac=lambda p: -_score(p, exact, censored))
-    if not np.all(np.isfinite(fit.x)):
+def _fit(x: np.ndarray, cut: np.ndarray, sigma: float | None = None,
+         ) -> tuple[float, float, np.ndarray] | None:
+    """One side's censored-normal (Tobit) maximum likelihood fit: (mu, sigma, each value's
+    influence on mu), the influence being the mu row of the inverse observed information times
+    the value's score (M-estimation: mu-hat - mu is about their sum). With `sigma` given, only mu
+    is fitted. None when the fit does not converge to a finite, curved maximum."""
+    if sigma is not None:
+        log_sigma = math.log(sigma)
+        fit = optimize.minimize_scalar(
+            lambda mu: -_log_likelihood(np.array([mu, log_sigma]), x, cut),
+            bracket=(float(x.mean()) - 1, float(x.mean()) + 1))
+        params = np.array([float(fit.x), log_sigma])
+        scores = _item_scores(params, x, cut)[:, 0]
+        step = 1e-5
+        information = -(_item_scores(params + [step, 0], x, cut)[:, 0].sum()
+                        - _item_scores(params - [step, 0], x, cut)[:, 0].sum()) / (2 * step)
+        if not (math.isfinite(params[0]) and information > 0):
+            return None
+        return float(params[0]), sigma, scores / information
+    start = np.array([x.mean(), math.log(x.std() + 1e-3)])
+    fit = optimize.minimize(lambda p: -_log_likelihood(p, x, cut), start, method="BFGS",
+                            jac=lambda p: -_item_scores(p, x, cut).sum(axis=0))
+    params = fit.x
+    if not np.all(np.isfinite(params)):
         return None
-    step, unit = 1e-4, np.eye(2) * 1e-4
-    hessian = np.array([[(_log_likelihood(fit.x + unit[i] + unit[j], exact, censored)
-                          - _log_likelihood(fit.x + unit[i] - unit[j], exact, censored)
-                          - _log_likelihood(fit.x - unit[i] + unit[j], exact, censored)
-                          + _log_likelihood(fit.x - unit[i] - unit[j], exact, censored))
-                         / (4 * step**2) for j in range(2)] for i in range(2)])
+    step = 1e-5
+    hessian = np.column_stack([(_item_scores(params + unit, x, cut).sum(axis=0)
+                                - _item_scores(params - unit, x, cut).sum(axis=0)) / (2 * step)
+                               for unit in np.eye(2) * step])
     try:
-        variance = float(np.linalg.inv(-hessian)[0, 0])
+        inverse = np.linalg.inv(-(hessian + hessian.T) / 2)
     except np.linalg.LinAlgError:
         return None
-    return (float(fit.x[0]), variance) if math.isfinite(variance) and variance > 0 else None
+    if not (np.all(np.isfinite(inverse)) and inverse[0, 0] > 0):
+        return None
+    return float(params[0]), math.exp(params[1]), _item_scores(params, x, cut) @ inverse[0]
+
+
+def _shift(pairs: Pairs) -> tuple[float, float] | None:
+    """The difference of the two sides' censored-normal means of log length and its standard
+    error, or None. Each side is fitted on its own, every answer kept (a cut one as at least its
+    cut length, on either side); the pairing enters through the error: the variance of the sum
+    of the per-pair differences of influence (the sandwich), times n / (n - 1). Without cuts this
+    is exactly the paired t-test of the mean log ratio."""
+    sides = (pairs.stage, pairs.stage_cut), (pairs.reference, pairs.reference_cut)
+    known = [_spread_known(x, cut) for x, cut in sides]
+    fits = [_fit(x, cut) if ok else None for (x, cut), ok in zip(sides, known, strict=True)]
+    lent = next((fit[1] for fit in fits if fit is not None), FALLBACK_SIGMA)
+    fits = [fit if fit is not None else _fit(x, cut, lent)
+            for fit, (x, cut) in zip(fits, sides, strict=True)]
+    if any(fit is None for fit in fits):
+        return None
+    (mu_stage, _, stage_influence), (mu_reference, _, reference_influence) = fits
+    n = len(pairs.stage)
+    difference = stage_influence - reference_influence
+    se = math.sqrt(n / (n - 1) * float(difference @ difference))
+    return mu_stage - mu_reference, se
 
 
 def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
@@ -217,39 +256,46 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
     """The censored mean log ratio of one set (see the module docstring); `budget_held`: the
     answers newly cut at the budget are few enough for a restricted mean to stand in for a fit."""
     q, most = policy.quality, policy.length.max_censored_share
-    ratios, cut, n = pairs.ratios, pairs.cut, len(pairs.ratios)
-    changed = (ratios != 0) | cut
-    counts = {"n": n, "changed": int(changed.sum()), "cut": int(cut.sum()),
-              "set_aside": pairs.set_aside}
+    ratios, n = pairs.ratios, len(pairs.stage)
+    changed, either_cut = pairs.changed, pairs.stage_cut | pairs.reference_cut
+    counts = {"n": n, "changed": int(changed.sum()), "cut": int(pairs.stage_cut.sum()),
+              "reference_cut": int(pairs.reference_cut.sum())}
     if n < max(2, q.min_items):
         return Drift(float(ratios.mean()) if n else 0.0, -math.inf, math.inf, **counts,
                      p_above=1.0, p_below=1.0, too_few=True,
                      unresolved=f"only {n} pairs with both lengths known (< {q.min_items}): "
                      "cannot decide, fail closed")
     mean, se = float(ratios.mean()), float(ratios.std(ddof=1)) / math.sqrt(n)
-    if not cut.any():
+    if not either_cut.any():
         return _drift(mean, se, counts, q.alpha, bounds)
-    share = cut.sum() / changed.sum()
-    fit = _tobit(ratios[changed], cut[changed]) if share <= most else None
-    if fit is None:
-        # At their cut length the censored ratios are lower bounds: the restricted mean, which
-        # passes only while few answers newly ran to the budget, and never fails for shrinking.
-        low, high, p_above, _ = _t_interval(mean, se, n, q.alpha, bounds)
-        if budget_held:
-            return Drift(mean, low, high, **counts, p_above=p_above, p_below=1.0, se=se,
-                         df=n - 1, restricted=True)
-        why = (f"more than the normal fit can carry (max {most:.0%})" if share > most else
-               "too few uncut changed answers to fit")
-        return Drift(mean, low, math.inf, **counts, p_above=p_above, p_below=1.0,
-                     unresolved=f"{cut.sum()} of {changed.sum()} changed answers ({share:.0%}) cut "
-                     f"at the budget, {why}: the ratio is only bounded below, by "
-                     f"x{math.exp(low):.3f} with the cut answers at their cut length")
-    mu_changed, variance = fit
-    same = 1 - changed.mean()
-    mean = (1 - same) * mu_changed
-    se = math.sqrt(n / (n - 1) * (mu_changed**2 * same * (1 - same) / n
-                                  + (1 - same)**2 * variance))
-    return _drift(mean, se, counts, q.alpha, bounds)
+    cut_changed = int((changed & either_cut).sum())
+    share = cut_changed / max(1, int(changed.sum()))
+    fit = _shift(pairs) if share <= most else None
+    if fit is not None:
+        return _drift(*fit, counts, q.alpha, bounds)
+    # Each answer at its cut length: the restricted mean, the ratio within the budget. A pair
+    # cut on the stage's side alone reads at most its true ratio, one cut on the reference's side
+    # alone at least (both cut: read as equal). So the mean bounds the true one from below when
+    # no reference answer alone was cut, from above when no stage answer alone was: only then
+    # may it fail for growth, or for shrinking. It passes only while few answers newly ran to
+    # the budget.
+    low, high, p_above, p_below = _t_interval(mean, se, n, q.alpha, bounds)
+    bounds_below, bounds_above = (not pairs.reference_cut[~pairs.stage_cut].any(),
+                                  not pairs.newly_cut.any())
+    p_above, p_below = p_above if bounds_below else 1.0, p_below if bounds_above else 1.0
+    if budget_held:
+        return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below, se=se,
+                     df=n - 1, restricted=True)
+    low, high = low if bounds_below else -math.inf, high if bounds_above else math.inf
+    why = (f"more than the normal fit can carry (max {most:.0%})" if share > most else
+           "the normal fits do not converge")
+    bound = (f"; within the budget (each answer at its cut length) the ratio is at least "
+             f"x{math.exp(low):.3f}" if math.isfinite(low) else
+             f"; within the budget (each answer at its cut length) at most x{math.exp(high):.3f}"
+             if math.isfinite(high) else "")
+    return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below,
+                 unresolved=f"{cut_changed} of {int(changed.sum())} changed answers ({share:.0%}) "
+                 f"cut at the budget, {why}: cannot pass{bound}")
 
 
 def _x(log_ratio: float) -> str:
@@ -257,12 +303,11 @@ def _x(log_ratio: float) -> str:
 
 
 def _describe(result: Drift, level: float, reference: str) -> str:
-    cut = (f"{result.cut} stage answers cut at the budget (censored: ratio at least the cut one)"
-           if result.cut else "none cut at the budget")
-    aside = (f", {result.set_aside} pairs set aside whose {reference} answer was cut (censored: "
-             f"its length unknown)" if result.set_aside else "")
+    cut = (f"{result.cut} stage and {result.reference_cut} {reference} answers cut at the budget "
+           "(censored: at least their cut length)" if result.cut or result.reference_cut
+           else "none cut at the budget")
     return (f"{_x(result.estimate)} ({level:.0%} CI [{_x(result.low)}, {_x(result.high)}]) "
-            f"over {result.n} pairs, {result.changed} changed length, {cut}{aside}")
+            f"over {result.n} pairs, {result.changed} changed length, {cut}")
 
 
 def _status(result: Drift, p_holm: float, bounds: tuple[float, float], alpha: float) -> Status:
@@ -329,7 +374,7 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     shown = results.get(POOLED) or next(iter(results.values()))
     details: dict[str, float | int | str | None] = {
         "n": shown.n, "mean_log_ratio": shown.estimate, **_interval(shown),
-        "changed": shown.changed, "cut": shown.cut, "set_aside": shown.set_aside,
+        "changed": shown.changed, "cut": shown.cut, "reference_cut": shown.reference_cut,
     } | {f"p_holm.{name}": p for name, p in adjusted.items()}
     checks = [judged(rule, overall, rules.required or shown.too_few, summary,
                      value=shown.estimate, limit=bounds[1], details=details)]
@@ -341,16 +386,16 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
             value=results[name].estimate, limit=bounds[1],
             details={"n": results[name].n, "mean_log_ratio": results[name].estimate,
                      **_interval(results[name]), "changed": results[name].changed,
-                     "cut": results[name].cut, "set_aside": results[name].set_aside,
+                     "cut": results[name].cut, "reference_cut": results[name].reference_cut,
                      "p_holm": adjusted[name]},
         ) for name in sets]
     return checks
 
 
 def _newly_cut(sets: list[Pairs], policy: GatePolicy) -> tuple[int, int, float] | None:
-    """Stage answers cut at the budget where the reference's was not, over all kept pairs: the
-    count, the pairs, and the upper end of the share's 1 - 2 alpha Wilson interval."""
-    cut, n = sum(int(p.cut.sum()) for p in sets), sum(len(p.ratios) for p in sets)
+    """Stage answers cut at the budget where the reference's was not, over all pairs: the count,
+    the pairs, and the upper end of the share's 1 - 2 alpha Wilson interval."""
+    cut, n = sum(int(p.newly_cut.sum()) for p in sets), sum(len(p.stage) for p in sets)
     if n == 0:
         return None
     interval = stats.binomtest(cut, n).proportion_ci(1 - 2 * policy.quality.alpha, "wilson")
@@ -358,11 +403,11 @@ def _newly_cut(sets: list[Pairs], policy: GatePolicy) -> tuple[int, int, float] 
 
 
 def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarray]:
-    """Per set: log((stage tokens + 1) / (parent tokens + 1)) over the pairs the rule keeps.
+    """Per set: log((stage tokens + 1) / (parent tokens + 1)) over every pair, each answer at its
+    cut length (the rule treats a cut one as censored).
 
     The +1 keeps empty answers in: a stage that answers nothing is the largest drift of all, not a
-    pair to skip. Pairs whose parent answer was cut are left out; a stage answer cut at the budget
-    counts at its cut length here (a lower bound of its ratio: the rule treats it as censored)."""
+    pair to skip."""
     if stage.quality is None or parent.quality is None:
         return {}
     return {name: Pairs.of(task, stage.quality.tasks.get(name)).ratios

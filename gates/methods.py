@@ -50,8 +50,9 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"paired log length ratio per set and pooled (equal weights), against the parent "
             f"(x{1 - length.max_change:g}..x{1 + length.max_change:g}) and the baseline "
             f"(x{1 - length.max_change_vs_baseline:g}..x{1 + length.max_change_vs_baseline:g}): two "
-            "one-sided t-tests (90 % interval); answers cut at the budget are right-censored "
-            "(a Tobit fit of the changed answers), or, where that cannot carry a set, the "
+            "one-sided t-tests (90 % interval); answers cut at the budget, on either side, are "
+            "right-censored (each side's censored-normal mean, the pairs' sandwich error), or, "
+            "where that cannot carry a set, the "
             "restricted mean with the newly cut share bounded; fails on a Holm-adjusted "
             "one-sided p")},
         {"rule": "divergence.kl / top1, perplexity", "method": (

@@ -12,6 +12,7 @@ from gates.decide import decide
 from gates.length import length_checks, length_ratios
 from gates.policy import GatePolicy
 from gates.record import StageRecord
+from gates.simulate import stage_lengths
 from gates.verdict import Verdict
 from tests.gates.records import record
 
@@ -38,12 +39,9 @@ def stage(name: str, parent: str | None, sets: dict[str, tuple[np.ndarray, int]]
 
 
 def grown(rng: np.random.Generator, lengths: np.ndarray, ratio: float) -> np.ndarray:
-    """A stage's true lengths from its parent's: half the answers keep their length exactly
-    (greedy decoding on a slightly perturbed model), the others change by a lognormal factor
-    (sigma 0.3) whose mean log makes the mean log ratio log(ratio)."""
-    changed = rng.random(lengths.size) < 0.5
-    factor = np.exp(rng.normal(2 * math.log(ratio), 0.3, lengths.size))
-    return np.maximum(1.0, np.where(changed, lengths * factor, lengths))
+    """A stage's true lengths from its parent's, as the real stages showed them: half the answers
+    keep their length exactly, a changed one is another answer (gates.simulate.stage_lengths)."""
+    return stage_lengths(rng, lengths, ratio)
 
 
 def baseline_lengths(rng: np.random.Generator, n: int, tokens: float) -> np.ndarray:
@@ -155,16 +153,19 @@ def test_a_set_that_collapses_to_empty_answers_fails_while_the_others_hold():
     assert list(found)[0] == "length" and "length.baseline" not in found
 
 
-def test_answers_cut_at_the_budget_by_the_parent_are_set_aside_not_drift():
+def test_answers_the_parent_cut_at_the_budget_count_as_at_least_their_cut_length():
     cut = ["length"] * 40 + ["stop"] * 60
-    shorter_where_cut = [20] * 40 + [40] * 60  # the parent's 40 cut answers end earlier now
-    verdict = decide("c", [record("baseline", None, BASE, lengths=[64] * 40 + [40] * 60,
-                                  finish=cut),
-                           record("w", "baseline", BASE, lengths=shorter_where_cut,
-                                  finish=["stop"] * 100)], POLICY)
-    length = checks(verdict, "w")["length"]
-    assert length.status == "pass" and length.details["n"] == 60
-    assert "40 pairs set aside whose parent answer was cut (censored" in length.reason
+    parent = record("baseline", None, BASE, lengths=[64] * 40 + [40] * 60, finish=cut)
+    # The parent's 40 cut answers end well inside the budget now: the stage shrank.
+    shorter = record("w", "baseline", BASE, lengths=[20] * 40 + [40] * 60, finish=["stop"] * 100)
+    length = checks(decide("c", [parent, shorter], POLICY), "w")["length"]
+    assert length.status == "fail" and length.details["n"] == 100, length.reason
+    assert "0 stage and 40 parent answers cut at the budget (censored" in length.reason
+    # Cut where the parent's were, the same elsewhere (jittered): an equivalent stage, every pair kept.
+    jitter = [64] * 40 + [41 if i % 3 else 39 for i in range(60)]
+    same = record("w", "baseline", BASE, lengths=jitter, finish=cut)
+    length = checks(decide("c", [parent, same], POLICY), "w")["length"]
+    assert length.status == "pass" and length.details["n"] == 100, length.reason
 
 
 def test_stage_answers_cut_at_the_budget_count_as_at_least_their_cut_length():
@@ -177,12 +178,13 @@ def test_stage_answers_cut_at_the_budget_count_as_at_least_their_cut_length():
     child = record("w", "baseline", BASE, lengths=[int(min(n, budget)) for n in true],
                    finish=["length" if n >= budget else "stop" for n in true])
     length = length_checks(child, parent, POLICY)[0]
-    assert length.details["cut"] == 16 and "16 stage answers cut at the budget (censored" in length.reason
+    assert length.details["cut"] == 16
+    assert "16 stage and 0 parent answers cut at the budget (censored" in length.reason
     truth = np.log((true + 1) / (parent_lengths + 1)).mean()  # x1.145, what the cut hides
     at_cut_length = length_ratios(child, parent)["math"].mean()  # x1.086: would pass
     assert math.exp(truth) == pytest.approx(1.145, abs=1e-3)
     assert math.exp(at_cut_length) == pytest.approx(1.086, abs=1e-3)
-    assert "x1.128 (90% CI [x1.083, x1.176])" in length.reason
+    assert "x1.131 (90% CI [x1.083, x1.180])" in length.reason  # near the truth, not x1.086
     assert length.status == "inconclusive" and not length.passed
 
 
@@ -195,7 +197,7 @@ def test_a_set_whose_changed_answers_are_mostly_cut_cannot_pass():
     length = length_checks(child, parent, POLICY)[0]
     assert length.status == "inconclusive" and not length.passed
     assert "40 of 40 changed answers (100%) cut at the budget" in length.reason
-    assert "only bounded below, by x1.020" in length.reason
+    assert "the ratio is at least x1.020" in length.reason
     assert "ci_high" not in length.details  # no infinities in the verdict's JSON
     assert math.exp(length.details["lower_bound"]) == pytest.approx(1.020, abs=1e-3)
 
@@ -259,7 +261,7 @@ def test_a_near_identical_stage_with_one_cut_change_is_judged_on_its_few_changes
     child = stage("control", "baseline", {"math": (child_lengths, 64)})
     found = {c.rule: c for c in length_checks(child, parent, POLICY)}
     assert found["length"].status == "pass", found["length"].reason
-    assert "1 stage answers cut" in found["length"].reason
+    assert "1 stage and 0 parent answers cut" in found["length"].reason
 
 
 def test_a_near_identical_stage_whose_few_changes_all_ran_to_the_budget_goes():

@@ -41,6 +41,7 @@ SINGLE_1000 = (SetShape("business", 1000, 1000, {"": 0.6}, tokens=90, budget=256
 def scenarios(policy: GatePolicy) -> list[Scenario]:
     m = policy.tolerance("8bit").accuracy_margin
     cut_budget = tuple(replace(s, budget=int(s.tokens * 1.6)) for s in DEMO_SETS)
+    heavy_cut = tuple(replace(s, budget=int(s.tokens * 1.15)) for s in DEMO_SETS)
     rows = [
         Scenario("A/A, 15 % flips"),
         Scenario("A/A, 10 % flips", flips=0.10),
@@ -68,6 +69,7 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
         Scenario(f"clusters of 5, pooled drop {m:.0%}", [Step(drop={"*": m})], "rollback",
                  sets=_clustered(DEMO_SETS, 5, 0.8)),
         Scenario("length x1.00, 20 % cut at the budget", sets=cut_budget),
+        Scenario("length x1.00, 40 % cut at the budget", sets=heavy_cut),
         Scenario("length x1.10 (the limit), 20 % cut", [Step(length={"*": 1.10})], "rollback",
                  sets=cut_budget),
         Scenario("length x1.15 on math/business/code only",
