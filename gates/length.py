@@ -27,11 +27,12 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   ratio is shown, not blocking.
 - Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks
   whatever the policy says. A side whose uncut answers are too few or all alike to show a spread
-  borrows the other side's (or FALLBACK_SIGMA). One where more than length.max_censored_share of
-  the changed pairs have a cut answer, or whose fits do not converge, cannot carry a fit: its
-  ratio is then the restricted mean (each cut answer at its cut length, as survival analysis
-  restricts a mean to its horizon), which says how lengths moved within the budget and nothing
-  beyond it. It may pass only while the answers newly cut at the budget, over all sets against
+  borrows the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows one,
+  nothing can be fitted. One where either side has more than
+  length.max_censored_share of its answers cut, or whose fits do not converge, cannot carry a
+  fit (its mean would rest on the normal tail): its ratio is then the restricted mean (each cut
+  answer at its cut length, as survival analysis restricts a mean to its horizon), which says
+  how lengths moved within the budget and nothing beyond it. It may pass only while the answers newly cut at the budget, over all sets against
   this reference, are bounded (the upper end of their 1 - 2 alpha Wilson interval within
   length.max_length_finish_increase): what ran past the budget is then a few answers, not the
   drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise it cannot
@@ -268,9 +269,10 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
     mean, se = float(ratios.mean()), float(ratios.std(ddof=1)) / math.sqrt(n)
     if not either_cut.any():
         return _drift(mean, se, counts, q.alpha, bounds)
-    cut_changed = int((changed & either_cut).sum())
-    share = cut_changed / max(1, int(changed.sum()))
-    fit = _shift(pairs) if share <= most else None
+    share = max(pairs.stage_cut.mean(), pairs.reference_cut.mean())
+    spread = (_spread_known(pairs.stage, pairs.stage_cut)
+              or _spread_known(pairs.reference, pairs.reference_cut))
+    fit = _shift(pairs) if share <= most and spread else None
     if fit is not None:
         return _drift(*fit, counts, q.alpha, bounds)
     # Each answer at its cut length: the restricted mean, the ratio within the budget. A pair
@@ -287,15 +289,15 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
         return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below, se=se,
                      df=n - 1, restricted=True)
     low, high = low if bounds_below else -math.inf, high if bounds_above else math.inf
-    why = (f"more than the normal fit can carry (max {most:.0%})" if share > most else
-           "the normal fits do not converge")
+    why = (f"{share:.0%} of one side's answers cut at the budget, more than a normal fit can "
+           f"carry (max {most:.0%})" if share > most else "neither side's uncut answers show a "
+           "spread to fit" if not spread else "the normal fits do not converge")
     bound = (f"; within the budget (each answer at its cut length) the ratio is at least "
              f"x{math.exp(low):.3f}" if math.isfinite(low) else
              f"; within the budget (each answer at its cut length) at most x{math.exp(high):.3f}"
              if math.isfinite(high) else "")
     return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below,
-                 unresolved=f"{cut_changed} of {int(changed.sum())} changed answers ({share:.0%}) "
-                 f"cut at the budget, {why}: cannot pass{bound}")
+                 unresolved=f"{why}: cannot pass{bound}")
 
 
 def _x(log_ratio: float) -> str:

@@ -188,18 +188,35 @@ def test_stage_answers_cut_at_the_budget_count_as_at_least_their_cut_length():
     assert length.status == "inconclusive" and not length.passed
 
 
-def test_a_set_whose_changed_answers_are_mostly_cut_cannot_pass():
-    # Every changed answer ran into the budget just above the parent's length: counted at its cut
-    # length the ratio would be x1.03, well within the limit; the truth could be anything longer.
+def test_a_set_whose_changed_answers_all_ran_into_the_budget_cannot_pass():
+    # Every changed answer ran into the budget just above the parent's length, and no answer
+    # shows a spread to fit: counted at its cut length the ratio would be x1.03, well within the
+    # limit; the truth could be anything longer.
     parent = record("baseline", None, BASE, lengths=[60] * 100)
     child = record("w", "baseline", BASE, lengths=[64] * 40 + [60] * 60,
                    finish=["length"] * 40 + ["stop"] * 60)
     length = length_checks(child, parent, POLICY)[0]
     assert length.status == "inconclusive" and not length.passed
-    assert "40 of 40 changed answers (100%) cut at the budget" in length.reason
+    assert "neither side's uncut answers show a spread to fit: cannot pass" in length.reason
     assert "the ratio is at least x1.020" in length.reason
     assert "ci_high" not in length.details  # no infinities in the verdict's JSON
     assert math.exp(length.details["lower_bound"]) == pytest.approx(1.020, abs=1e-3)
+
+
+def test_a_set_mostly_cut_on_one_side_cannot_carry_a_fit():
+    rng = np.random.default_rng(6)
+    parent_lengths = rng.integers(20, 120, 100)
+    budget = 50  # cuts about 70 % of the answers
+    longer = parent_lengths * 1.1  # 10 % more answers newly cut: no ratio within the budget
+
+    def cut(name: str, parent_name: str | None, lengths: np.ndarray) -> StageRecord:
+        return record(name, parent_name, BASE, lengths=[int(min(n, budget)) for n in lengths],
+                      finish=["length" if n >= budget else "stop" for n in lengths])
+
+    length = length_checks(cut("w", "baseline", longer), cut("baseline", None, parent_lengths),
+                           POLICY)[0]
+    assert length.status == "inconclusive" and not length.passed, length.reason
+    assert "of one side's answers cut at the budget, more than a normal fit can carry (max 50%)" in length.reason
 
 
 def test_too_few_pairs_block_even_where_the_rule_is_advisory():
@@ -265,8 +282,7 @@ def test_a_near_identical_stage_with_one_cut_change_is_judged_on_its_few_changes
 
 
 def test_a_near_identical_stage_whose_few_changes_all_ran_to_the_budget_goes():
-    """A control (the CI run's): 2 of 160 answers changed, both ran to the budget. No fit can
-    place them; the ratio within the budget held and 2 newly cut answers are bounded: it goes."""
+    """A control (the CI run's): 2 of 160 answers changed, both ran to the budget: it goes."""
     lengths = np.array([30.0 + i % 7 for i in range(80)])
     changed = lengths.copy()
     changed[[3, 5]] = 600  # cut at the 64-token budget
@@ -274,7 +290,19 @@ def test_a_near_identical_stage_whose_few_changes_all_ran_to_the_budget_goes():
     child = stage("control", "baseline", {"math": (changed, 64), "orders": (lengths, 64)})
     found = {c.rule: c for c in length_checks(child, parent, POLICY)}
     assert found["length"].status == "pass", found["length"].reason
-    assert "the ratio within the budget" in found["length"].reason
-    assert "2 of 160 answers newly cut at it" in found["length"].reason
     assert found["length.math"].status == "pass" and "ci_high" in found["length.math"].details
 
+
+def test_where_most_answers_are_cut_a_control_goes_on_the_ratio_within_the_budget():
+    """Long answers, a short budget (about 70 % cut on both sides): no normal fit can carry the
+    set, and 2 changed answers of 200 that ran to the budget are bounded: the ratio within the
+    budget stands in, and the control goes."""
+    lengths = np.array([20.0 + 2 * (i % 50) for i in range(100)])
+    changed = lengths.copy()
+    changed[[3, 5]] = 600
+    parent = stage("baseline", None, {"math": (lengths, 50), "orders": (lengths, 50)})
+    child = stage("control", "baseline", {"math": (changed, 50), "orders": (lengths, 50)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length"].status == "pass", found["length"].reason
+    assert "the ratio within the budget" in found["length"].reason
+    assert "2 of 200 answers newly cut at it" in found["length"].reason
