@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from flows.plan import Stage
+from flows.plan import Stage, reference_of
 from flows.served import check_served
 from flows.spec import Spec
 from infra.checkpoint import read_config, weight_bytes
@@ -88,17 +88,6 @@ def placed(engine, placement: Placement | None, beside: bool):
         return engine
     slot = placement.slot(beside)
     return engine.placed(slot.visible_devices, slot.gpu_memory_utilization)
-
-
-def reference_of(stage: Stage, stages: list[Stage]) -> Stage | None:
-    """The stage `stage` is timed against (its nearest really-served ancestor), or None."""
-    if stage.parent is None or stage.axes.emulated:
-        return None
-    by_name = {s.name: s for s in stages}
-    reference = by_name[stage.parent]
-    while reference.axes.emulated and reference.parent is not None:
-        reference = by_name[reference.parent]
-    return reference
 
 
 def kv_bytes_per_token(checkpoint: Path, kv_cache: str, dtype: str) -> int:
