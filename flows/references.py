@@ -15,9 +15,12 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
 
 def engines_to_keep(prepared: Prepared) -> dict[str, int]:
     """Stage name -> index of the last stage that may use its engine (flows/plan.py keep_until):
-    the baseline's and each stage a later one is timed against. Where the engine kind keeps
-    engines (vllm-cpu): on a GPU a third engine beside two may not fit in memory."""
+    the baseline's and each stage a later one is timed against. Where the engine kind can keep
+    engines (vLLM, SGLang) and, on a GPU, where the placement plan has a slot for each of them
+    beside the engines each stage starts (infra/keeping.py); else none."""
     engine = prepared.spec.engine
     if not engine.keeps_engines():
+        return {}
+    if engine.on_gpu() and not (prepared.placement and prepared.placement.kept):
         return {}
     return keep_until(prepared.stages, engine)
