@@ -164,6 +164,7 @@ def _placed(placement: Placement, holders, turns, slots: list[Slot], wants: list
                 kept[key[1]] = KeptSlot(**slot.model_dump(), until=holders[key][0].during[-1])
             else:
                 slot_of[key[0]] = slot
+    kept = {key[1]: kept[key[1]] for key in holders if key[0] == "kept"}  # in stage order
     shared = len({tuple(slot.devices) for slot in slots}) < len(slots)
     note = ("the engines share the GPU(s): memory is split between them, and interleaved rounds "
             "alternate, so each runs alone on them" if shared
