@@ -33,8 +33,8 @@ def keep_up(placement: Placement, needs: list[EngineNeed],
     """`placement` with the engines of `needs` in slots: role "kept" (a stage's engine, up from
     its stage to the last that uses it; a further need of the same stage only reserves its slot
     for more stages), "stage" (the other stages' own) and "beside" (one that is not kept, started
-    beside a stage); each with `during`, the stages it may be up in. Where
-    they do not fit, `placement` as it is, with a line that says why. `utilization`: the spec's
+    beside a stage); each with `during`, the stages it may be up in. Where they do not fit,
+    `placement` as it is, with a line that says why. `utilization`: the spec's
     gpu_memory_utilization when the user set it."""
     holders = _holders(needs)
     turns = _turns(holders)
@@ -51,7 +51,7 @@ def keep_up(placement: Placement, needs: list[EngineNeed],
                             "GPU(s) for engines of their own")
     if slots is None:
         return placement.model_copy(update={"keeping": NOT_KEPT.format(why=why)})
-    return _placed(placement, holders, turns, slots, wants)
+    return _placed(placement, holders, turns, slots)
 
 
 def _holders(needs: list[EngineNeed]) -> dict[tuple[str, str], list[EngineNeed]]:
@@ -143,7 +143,7 @@ def _split_gpu(placement: Placement, wants: list[int], utilization: float | None
     return [Slot(devices=devices, gpu_memory_utilization=share) for share in shares], ""
 
 
-def _placed(placement: Placement, holders, turns, slots: list[Slot], wants: list[int]) -> Placement:
+def _placed(placement: Placement, holders, turns, slots: list[Slot]) -> Placement:
     """`placement` with each holder's slot, a row per engine, and the line that says so."""
     memory = {gpu.index: gpu.memory_bytes for gpu in placement.gpus}
     tp = placement.tensor_parallel_size

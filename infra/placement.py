@@ -74,7 +74,8 @@ class Slot(BaseModel):
 
 
 class KeptSlot(Slot):
-    """A kept stage engine's slot: its own for the whole run, so no later engine lands on it."""
+    """A kept stage engine's slot: its own in every stage it may be up in (shared only in turn,
+    with engines never up in those stages), so no later engine lands on it."""
 
     until: str = Field(description="The last stage that uses the engine; it stops after it.")
 
