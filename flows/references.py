@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.plan import Stage
+from flows.plan import Stage, keep_until, reference_of
 from flows.preflight import Prepared
 
 
@@ -10,28 +10,17 @@ def timed_against(stage: Stage, prepared: Prepared) -> Stage | None:
     """The stage a timed stage is raced against: its parent, or the nearest really-served
     ancestor. None: the stage is measured alone (the baseline, an emulated stage, or external
     engines that serve both from one URL)."""
-    if stage.parent is None or stage.axes.emulated:
-        return None
-    stages = {s.name: s for s in prepared.stages}
-    reference = stages[stage.parent]
-    while reference.axes.emulated and reference.parent is not None:
-        reference = stages[reference.parent]
-    if not prepared.spec.engine.serves_apart(stage.name, reference.name):
-        return None
-    return reference
+    return reference_of(stage, prepared.stages, prepared.spec.engine)
 
 
 def engines_to_keep(prepared: Prepared) -> dict[str, int]:
-    """Stage name -> index of the last stage that may use its engine: the baseline's (adaptive
-    looks score more of its items, timed stages race it) and each stage a later one is timed
-    against. Where the engine kind keeps engines (vllm-cpu): on a GPU a third engine beside two
-    may not fit in memory."""
-    engine, stages = prepared.spec.engine, prepared.stages
-    if not engine.keeps_engines() or len(stages) < 2:
+    """Stage name -> index of the last stage that may use its engine (flows/plan.py keep_until):
+    the baseline's and each stage a later one is timed against. Where the engine kind can keep
+    engines (vLLM, SGLang) and, on a GPU, where the placement plan has a slot for each of them
+    beside the engines each stage starts (infra/keeping.py); else none."""
+    engine = prepared.spec.engine
+    if not engine.keeps_engines():
         return {}
-    keep = {stages[0].name: len(stages) - 1}
-    for index, stage in enumerate(stages):
-        reference = timed_against(stage, prepared)
-        if reference is not None:
-            keep[reference.name] = max(keep.get(reference.name, 0), index)
-    return keep
+    if engine.on_gpu() and not (prepared.placement and prepared.placement.kept):
+        return {}
+    return keep_until(prepared.stages, engine)

@@ -118,8 +118,8 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
     )
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
-        spec_port_free(spec, kept, prepared.placement), stage.checkpoint, stage.engine_flags,
-        folder / "engine.log", stage.name
+        spec_port_free(spec, kept, prepared.placement, stage.name), stage.checkpoint,
+        stage.engine_flags, folder / "engine.log", stage.name
     )
     logger.info("stage %s: starting engine (%s)", stage.name, stage.axes.describe(stage.kind))
     died = False  # the engine had exited when a measurement failed (asked before it is stopped)

@@ -113,7 +113,8 @@ class EngineArgs(BaseModel):
         return self
 
     def keeps_engines(self) -> bool:
-        """Whether a run keeps stage engines up for later stages (cheap to hold, slow to start)."""
+        """Whether this kind can keep a stage's engine up for later stages (cheap to hold, slow
+        to start). On a GPU the run's placement plan decides whether it does (room for each)."""
         return False
 
     def command(self, checkpoint: Path, flags: Any, python: str = "python",

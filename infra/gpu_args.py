@@ -15,8 +15,8 @@ class GpuArgs(BaseModel):
         default=0.9, gt=0, le=1,
         description="CUDA only: each engine's share of its GPUs' memory (vLLM "
         "--gpu-memory-utilization, SGLang --mem-fraction-static). Left unset, the placement plan "
-        "(infra/placement.py) gives 0.9 to an engine alone on its GPUs and 0.47 to each of two "
-        "engines sharing one.")
+        "(infra/placement.py) gives 0.9 to an engine alone on its GPUs and splits 0.94 between "
+        "engines sharing one (0.47 each for two; 0.31 for three kept up at once).")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64,
                                       description="CUDA only: GPUs per engine (--tensor-parallel-size).")
     cuda_visible_devices: str | None = Field(

@@ -1,11 +1,13 @@
 """Where each CUDA engine of a run goes, planned before any starts: GPUs per engine and the
 share of a GPU's memory each may take (vLLM's --gpu-memory-utilization, a per-engine budget).
 
-At most two engines of a run are up at once: a stage's own, and one beside it (the reference it
-is timed against in interleaved rounds, or the baseline answering more items for an adaptive
-look). On one GPU both share it, so each gets half of what one engine would; on a host with
-twice the GPUs an engine takes (and identical ones), the one beside gets its own. A pure module:
-device memory, weight bytes and the KV cache each engine needs are inputs.
+Engines that are not kept up between stages: at most two are up at once, a stage's own and one
+beside it (the reference it is timed against in interleaved rounds, or the baseline answering
+more items for an adaptive look). On one GPU both share it, so each gets half of what one engine
+would; on a host with twice the GPUs an engine takes (and identical ones), the one beside gets its
+own. Where the run keeps engines up between stages, infra/keeping.py gives each kept one a slot of
+its own on top of this plan, or says why they do not fit. A pure module: device memory, weight
+bytes and the KV cache each engine needs are inputs.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ class Gpu(BaseModel):
 class EngineNeed:
     """One engine the run may start: what it must hold on its GPUs (all of them together)."""
 
-    role: str  # "stage" (its own stage) or "beside" (a reference, or the baseline for more items)
+    role: str  # "stage" (its own stage), "beside" (a reference, or the baseline for more
+    # items) or, where engines are kept up, "kept" (a stage's engine held for later stages)
     stage: str  # the stage it serves
     weight_bytes: int
     kv_bytes_per_token: int
     kv_tokens: int  # the KV cache it must hold: the load's concurrency, or one max_model_len
+    during: tuple[str, ...] = ()  # the stages during which it may be up (where engines are kept)
 
     def bytes_per_gpu(self, tensor_parallel_size: int) -> int:
         shared = self.weight_bytes + self.kv_bytes_per_token * self.kv_tokens
@@ -69,8 +73,16 @@ class Slot(BaseModel):
         return ",".join(map(str, self.devices))
 
 
+class KeptSlot(Slot):
+    """A kept stage engine's slot: its own in every stage it may be up in (shared only in turn,
+    with engines never up in those stages), so no later engine lands on it."""
+
+    until: str = Field(description="The last stage that uses the engine; it stops after it.")
+
+
 class Placement(BaseModel):
-    """The run's plan: the stage engine's slot and the slot of the engine beside it."""
+    """The run's plan: the stage engine's slot, the slot of the engine beside it, and where the
+    run keeps engines up between stages, each kept engine's own slot."""
 
     gpus: list[Gpu]
     tensor_parallel_size: int
@@ -80,22 +92,32 @@ class Placement(BaseModel):
     engines: list[dict] = Field(default_factory=list,
                                 description="Each engine: role, stage, GPUs, share, GiB needed.")
     note: str = ""
+    kept: dict[str, KeptSlot] = Field(
+        default_factory=dict, description="Stage -> the slot its engine keeps while a later stage "
+        "may use it; empty: no engine is kept up between stages.")
+    keeping: str = Field(default="", description="Whether engines are kept up, and why not.")
+    up_at_once: int = Field(default=2, description="The most engines the plan has up at once.")
 
-    def slot(self, beside: bool) -> Slot:
+    def slot(self, beside: bool, stage: str | None = None) -> Slot:
+        """Where an engine of `stage` goes: its kept slot when the run keeps it (as the stage's
+        own engine or beside a later one), else the stage engines' or the one beside."""
+        if stage in self.kept:
+            return self.kept[stage]
         return self.beside if beside and self.beside is not None else self.stage
 
     def describe(self) -> list[str]:
         """The plan as lines, for validate and the report."""
         gpus = {g.index: g for g in self.gpus}
         first = gpus[self.stage.devices[0]]
-        used = set(self.stage.devices) | set(self.beside.devices if self.beside else [])
+        slots = [self.stage, *([self.beside] if self.beside else []), *self.kept.values()]
+        used = {device for slot in slots for device in slot.devices}
         lines = [f"{len(self.gpus)} GPU(s), {first.name} {first.memory_bytes / GIB:.0f} GiB; "
                  f"tensor_parallel_size {self.tensor_parallel_size}"
-                 + (f"; {len(self.gpus) - len(used)} left unused (at most two engines are up "
-                    "at once)" if len(used) < len(self.gpus) else "")]
+                 + (f"; {len(self.gpus) - len(used)} left unused (at most {self.up_at_once} "
+                    "engines are up at once)" if len(used) < len(self.gpus) else "")]
         for role, name, slot in (("stage", "stage engines", self.stage),
                                  ("beside", "engines beside", self.beside)):
-            if slot is None:
+            if slot is None or not any(e["role"] == role for e in self.engines):
                 continue
             engines = [e for e in self.engines if e["role"] == role]
             largest = max(engines, key=lambda e: e["need_gib"])
@@ -104,17 +126,27 @@ class Placement(BaseModel):
                 f"{slot.visible_devices}, gpu_memory_utilization {slot.gpu_memory_utilization:g} "
                 f"({largest['share_gib']:.1f} GiB per GPU; the largest, {largest['stage']}, "
                 f"needs {largest['need_gib']:.1f})"
-                + (", sharing the stage engine's GPUs" if role == "beside" and self.shared else ""))
-        if self.note:
-            lines.append(self.note)
+                + (self._beside_note() if role == "beside" else ""))
+        for stage, slot in self.kept.items():
+            row = next(e for e in self.engines if e["role"] == "kept" and e["stage"] == stage)
+            lines.append(f"{stage} engine, kept up through {slot.until}: CUDA_VISIBLE_DEVICES="
+                         f"{slot.visible_devices}, gpu_memory_utilization "
+                         f"{slot.gpu_memory_utilization:g} ({row['share_gib']:.1f} GiB per GPU; "
+                         f"needs {row['need_gib']:.1f})")
+        lines += [line for line in (self.note, self.keeping) if line]
         return lines
 
+    def _beside_note(self) -> str:
+        if self.kept and self.beside == self.stage:
+            return ", in turn with the stage engines in their slot (never up in the same stage)"
+        return ", sharing the stage engine's GPUs" if self.shared else ""
 
-def _floor(value: float) -> float:
+
+def floor_share(value: float) -> float:
     return math.floor(value * 100) / 100
 
 
-def _groups(gpus: list[Gpu], size: int, count: int) -> list[list[int]] | None:
+def device_groups(gpus: list[Gpu], size: int, count: int) -> list[list[int]] | None:
     """`count` groups of `size` GPUs, all of one kind (name and memory), or None."""
     by_kind: dict[tuple[str, int], list[int]] = {}
     for gpu in gpus:
@@ -137,17 +169,17 @@ def plan_placement(gpus: list[Gpu], needs: list[EngineNeed], tensor_parallel_siz
         raise SpecError(f"engine.tensor_parallel_size {tp} needs {tp} GPUs; this host has "
                         f"{len(gpus)}: set engine.tensor_parallel_size to at most {len(gpus)}")
     beside_needed = any(need.role != "stage" for need in needs)
-    pair = _groups(gpus, tp, 2) if beside_needed else None
-    alone = _groups(gpus, tp, 1) or [[g.index for g in gpus[:tp]]]
+    pair = device_groups(gpus, tp, 2) if beside_needed else None
+    alone = device_groups(gpus, tp, 1) or [[g.index for g in gpus[:tp]]]
     shared = beside_needed and pair is None
     if shared:
-        share = utilization if utilization is not None else _floor(SHARED_TOTAL / 2)
+        share = utilization if utilization is not None else floor_share(SHARED_TOTAL / 2)
         if 2 * share > SHARED_TOTAL:
             raise SpecError(
                 f"engine.gpu_memory_utilization {share:g}: two engines share GPU(s) "
                 f"{','.join(map(str, alone[0]))} (a stage and its reference or the baseline "
                 f"beside it) and together would take {2 * share:g} of each; set "
-                f"engine.gpu_memory_utilization at most {_floor(SHARED_TOTAL / 2):g}, or leave it "
+                f"engine.gpu_memory_utilization at most {floor_share(SHARED_TOTAL / 2):g}, or leave it "
                 f"unset (quantgate splits the GPU)")
         stage = Slot(devices=alone[0], gpu_memory_utilization=share)
         beside = stage

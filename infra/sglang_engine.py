@@ -95,6 +95,12 @@ class SglangEngineSpec(GpuArgs, EngineArgs):
     def on_gpu(self) -> bool:
         return True
 
+    def keeps_engines(self) -> bool:
+        # Placed as vLLM is: its own CUDA_VISIBLE_DEVICES and a share of them, which
+        # fraction_of_free turns into --mem-fraction-static from the memory free at its start
+        # (kept engines already up included), so engines kept side by side each hold their share.
+        return True
+
     def command(self, checkpoint: Path, flags: Any, python: str = "python",
                 reveal: bool = False) -> tuple[list[str], dict[str, str]]:
         """`python -m sglang.launch_server --model-path M --host H --port P ...`; an `--api-key`

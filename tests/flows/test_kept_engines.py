@@ -38,8 +38,10 @@ def test_the_baseline_is_kept_for_the_run_and_a_reference_until_its_last_race(tm
     assert engines_to_keep(prepared) == {"baseline": 4, "a8": 4}
 
 
-def test_nothing_is_kept_on_a_gpu_or_an_external_engine(tmp_path):
-    assert engines_to_keep(chain(tmp_path, device="cuda")) == {}
+def test_nothing_is_kept_on_a_gpu_without_a_plan_that_keeps_or_on_an_external_engine(tmp_path):
+    cuda = chain(tmp_path, device="cuda")
+    cuda.placement = None  # no GPU known: no slot for a kept engine (tests/flows/test_kept_placement.py)
+    assert engines_to_keep(cuda) == {}
     external = chain(tmp_path)
     external.spec.engine = ExternalEngineSpec(kind="external", url="http://127.0.0.1:9")
     assert engines_to_keep(external) == {}

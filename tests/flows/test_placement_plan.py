@@ -53,13 +53,14 @@ def test_the_demo_on_one_gpu_splits_it_and_each_engine_gets_its_gpus_in_its_envi
 def test_the_demo_on_eight_gpus_puts_the_engine_beside_on_its_own(tmp_path):
     spec = demo_chain(tmp_path, tensor_parallel_size=2)
     placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
-    command, env = build_command(placed(spec.engine, placement, beside=True), Path("/m"),
-                                 plan(spec)[0].engine_flags)
+    command, env = build_command(placed(spec.engine, placement, beside=True, stage="baseline"),
+                                 Path("/m"), plan(spec)[0].engine_flags)
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
     assert command[command.index("--gpu-memory-utilization") + 1] == "0.9"
+    # The baseline's engine is kept up beside kv's: its own stage and kv's reference alike.
     roles = {(e["role"], e["stage"]) for e in placement.engines}
-    assert roles == {("stage", "baseline"), ("stage", "kv"), ("beside", "baseline")}
+    assert roles == {("kept", "baseline"), ("stage", "kv")}
 
 
 def test_a_cpu_spec_has_no_placement_and_its_engine_is_unchanged(tmp_path):
@@ -80,7 +81,8 @@ def test_a_spec_whose_engines_cannot_share_the_gpu_is_refused(tmp_path):
 def test_the_users_gpus_are_the_ones_planned_on(tmp_path):
     spec = demo_chain(tmp_path, cuda_visible_devices="4,5", gpu_memory_gib=80)
     placement = plan_run_placement(spec, plan(spec), 5120)
-    assert (placement.stage.visible_devices, placement.beside.visible_devices) == ("4", "5")
+    assert (placement.stage.visible_devices,
+            placement.slot(True, "baseline").visible_devices) == ("4", "5")
     assert [g.index for g in placement.gpus] == [4, 5]
 
 

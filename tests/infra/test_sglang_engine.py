@@ -60,7 +60,7 @@ def test_the_launch_command_is_sglangs_and_carries_the_placement(tmp_path):
     stages = plan(spec)
     placement = plan_run_placement(spec, stages, 5120, declared_gpus(80, 1))
     assert placement.shared  # one GPU: the stage and its reference split it
-    command, env = placed(spec.engine, placement, beside=True).command(
+    command, env = placed(spec.engine, placement, beside=True, stage="baseline").command(
         Path("/m"), stages[1].engine_flags)
     assert command[:12] == ["python", "-m", "sglang.launch_server", "--model-path", "/m",
                             "--host", "127.0.0.1", "--port", "30000", "--dtype", "bfloat16",
@@ -71,7 +71,8 @@ def test_the_launch_command_is_sglangs_and_carries_the_placement(tmp_path):
     # Eight GPUs and two per engine: --tp, and the engine beside on its own pair.
     spec = chain(tmp_path / "tp", tensor_parallel_size=2)
     placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
-    command, env = placed(spec.engine, placement, beside=True).command(Path("/m"), EngineFlags())
+    command, env = placed(spec.engine, placement, beside=True, stage="baseline").command(
+        Path("/m"), EngineFlags())
     assert command[command.index("--tp") + 1] == "2" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
