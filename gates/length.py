@@ -17,8 +17,9 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   (about half of a quantized stage's greedy answers) add nothing to it. Without cuts this is
   exactly the paired t-test of the mean log ratio.
 - A ratio passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
-  log(1 - limit)..log(1 + limit): two one-sided tests at quality.alpha (Schuirmann), so a ratio
-  drifting by exactly the limit passes at most alpha of the time. The pooled ratio (the sets'
+  log(1 - limit)..log(1 + limit): two one-sided tests (Schuirmann) at quality.alpha split over
+  the planned looks (the adaptive looks grow the sets while the rule is unresolved, each look a
+  chance to pass), so a ratio drifting by exactly the limit passes at most alpha of the time. The pooled ratio (the sets'
   ratios with equal weights, as accuracy pools them, so one large unchanged set cannot dilute
   drift in the others) decides the pass: one set's items cannot resolve +-10 % when a changed greedy answer is
   often a different answer (sigma 0.55 per pair on the demo model). Any set, or the pool, fails
@@ -48,6 +49,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from evalsets.results import TaskQuality
+from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy
 from gates.record import StageRecord, paired_items
 from gates.stats import holm, mean_ci
@@ -252,10 +254,11 @@ def _shift(pairs: Pairs) -> tuple[float, float] | None:
     return mu_stage - mu_reference, se
 
 
-def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
+def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy, alpha: float,
           budget_held: bool = False) -> Drift:
-    """The censored mean log ratio of one set (see the module docstring); `budget_held`: the
-    answers newly cut at the budget are few enough for a restricted mean to stand in for a fit."""
+    """The censored mean log ratio of one set (see the module docstring) at one-sided level
+    `alpha`; `budget_held`: the answers newly cut at the budget are few enough for a restricted
+    mean to stand in for a fit."""
     q, most = policy.quality, policy.length.max_censored_share
     ratios, n = pairs.ratios, len(pairs.stage)
     changed, either_cut = pairs.changed, pairs.stage_cut | pairs.reference_cut
@@ -268,20 +271,20 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy,
                      "cannot decide, fail closed")
     mean, se = float(ratios.mean()), float(ratios.std(ddof=1)) / math.sqrt(n)
     if not either_cut.any():
-        return _drift(mean, se, counts, q.alpha, bounds)
+        return _drift(mean, se, counts, alpha, bounds)
     share = max(pairs.stage_cut.mean(), pairs.reference_cut.mean())
     spread = (_spread_known(pairs.stage, pairs.stage_cut)
               or _spread_known(pairs.reference, pairs.reference_cut))
     fit = _shift(pairs) if share <= most and spread else None
     if fit is not None:
-        return _drift(*fit, counts, q.alpha, bounds)
+        return _drift(*fit, counts, alpha, bounds)
     # Each answer at its cut length: the restricted mean, the ratio within the budget. A pair
     # cut on the stage's side alone reads at most its true ratio, one cut on the reference's side
     # alone at least (both cut: read as equal). So the mean bounds the true one from below when
     # no reference answer alone was cut, from above when no stage answer alone was: only then
     # may it fail for growth, or for shrinking. It passes only while few answers newly ran to
     # the budget.
-    low, high, p_above, p_below = _t_interval(mean, se, n, q.alpha, bounds)
+    low, high, p_above, p_below = _t_interval(mean, se, n, alpha, bounds)
     bounds_below, bounds_above = (not pairs.reference_cut[~pairs.stage_cut].any(),
                                   not pairs.newly_cut.any())
     p_above, p_below = p_above if bounds_below else 1.0, p_below if bounds_above else 1.0
@@ -331,15 +334,18 @@ def _interval(result: Drift) -> dict[str, float]:
 def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRecord,
           bounds: tuple[float, float], policy: GatePolicy) -> list[Check]:
     """The length rule against one reference: per set and pooled, then one check per set."""
-    rules, alpha = policy.length, policy.quality.alpha
+    # The adaptive looks grow the sets while this rule is unresolved, so each look may pass it:
+    # its level is split over the planned looks, as accuracy's (x1.10 at 20 % cut went 10 % at
+    # the full level over three looks).
+    rules, alpha = policy.length, look_alpha(policy.quality.alpha, policy.quality.max_looks)
     level = 1 - 2 * alpha
     sets = {name: Pairs.of(task, stage.quality.tasks.get(name))
             for name, task in reference.quality.tasks.items()}
     if not sets:
         return [missing(rule, f"output length vs the {reference_name}")]
-    newly_cut = _newly_cut(list(sets.values()), policy)
+    newly_cut = _newly_cut(list(sets.values()), alpha)
     held = newly_cut is not None and newly_cut[2] <= rules.max_length_finish_increase
-    results = {name: drift(pairs, bounds, policy, held) for name, pairs in sets.items()}
+    results = {name: drift(pairs, bounds, policy, alpha, held) for name, pairs in sets.items()}
     if len(sets) > 1:
         results[POOLED] = pooled_drift(list(results.values()), bounds, alpha)
     adjusted = holm({name: r.p_beyond for name, r in results.items()})
@@ -394,13 +400,13 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     return checks
 
 
-def _newly_cut(sets: list[Pairs], policy: GatePolicy) -> tuple[int, int, float] | None:
+def _newly_cut(sets: list[Pairs], alpha: float) -> tuple[int, int, float] | None:
     """Stage answers cut at the budget where the reference's was not, over all pairs: the count,
     the pairs, and the upper end of the share's 1 - 2 alpha Wilson interval."""
     cut, n = sum(int(p.newly_cut.sum()) for p in sets), sum(len(p.stage) for p in sets)
     if n == 0:
         return None
-    interval = stats.binomtest(cut, n).proportion_ci(1 - 2 * policy.quality.alpha, "wilson")
+    interval = stats.binomtest(cut, n).proportion_ci(1 - 2 * alpha, "wilson")
     return cut, n, float(interval.high)
 
 
