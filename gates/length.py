@@ -19,25 +19,26 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
 - A ratio passes when its 1 - 2 alpha interval (Student t, n - 1 degrees of freedom) lies within
   log(1 - limit)..log(1 + limit): two one-sided tests (Schuirmann) at quality.alpha split over
   the planned looks (the adaptive looks grow the sets while the rule is unresolved, each look a
-  chance to pass), so a ratio drifting by exactly the limit passes at most alpha of the time. The pooled ratio (the sets'
-  ratios with equal weights, as accuracy pools them, so one large unchanged set cannot dilute
-  drift in the others) decides the pass: one set's items cannot resolve +-10 % when a changed greedy answer is
-  often a different answer (sigma 0.55 per pair on the demo model). Any set, or the pool, fails
-  when its one-sided p of lying beyond the limit, Holm-adjusted over the sets and the pool, is
-  below alpha, so drift in some sets cannot hide behind unchanged ones; a set's own unresolved
-  ratio is shown, not blocking.
+  chance to pass), so a ratio drifting by exactly the limit passes at most alpha of the time.
+  The pooled ratio (the sets' ratios with equal weights, as accuracy pools them, so one large
+  unchanged set cannot dilute drift in the others) decides the pass: one set's items cannot
+  resolve +-10 % when a changed greedy answer is often a different answer (sigma 0.55 per pair
+  on the demo model). Any set, or the pool, fails when its one-sided p of lying beyond the
+  limit, Holm-adjusted over the sets and the pool, is below that level, so drift in some sets
+  cannot hide behind unchanged ones; a set's own unresolved ratio is shown, not blocking.
 - Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks
-  whatever the policy says. A side whose uncut answers are too few or all alike to show a spread
-  borrows the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows one,
-  nothing can be fitted. One where either side has more than
-  length.max_censored_share of its answers cut, or whose fits do not converge, cannot carry a
-  fit (its mean would rest on the normal tail): its ratio is then the restricted mean (each cut
-  answer at its cut length, as survival analysis restricts a mean to its horizon), which says
-  how lengths moved within the budget and nothing beyond it. It may pass only while the answers newly cut at the budget, over all sets against
-  this reference, are bounded (the upper end of their 1 - 2 alpha Wilson interval within
-  length.max_length_finish_increase): what ran past the budget is then a few answers, not the
-  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise it cannot
-  pass, and fails only when the restricted mean already lies confidently above the limit.
+  whatever the policy says. A side whose uncut answers are too few or all alike to show a
+  spread borrows the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows
+  one, nothing can be fitted. One where either side has more than length.max_censored_share of
+  its answers cut, or whose fits do not converge, cannot carry a fit (its mean would rest on
+  the normal tail): its ratio is then the restricted mean (each cut answer at its cut length, as
+  survival analysis restricts a mean to its horizon), which says how lengths moved within the
+  budget and nothing beyond it. It may pass only while the answers newly cut at the budget,
+  over all sets against this reference, are bounded (the upper end of their 1 - 2 alpha Wilson
+  interval within length.max_length_finish_increase): what ran past the budget is then a few
+  answers, not the drift (a control whose 2 changed answers of 162 both ran to the budget).
+  Otherwise it cannot pass, and fails only where the restricted mean is a bound (no reference
+  answer alone was cut) that already lies confidently above the limit.
 """
 
 from __future__ import annotations

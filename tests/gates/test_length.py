@@ -217,7 +217,8 @@ def test_a_set_mostly_cut_on_one_side_cannot_carry_a_fit():
     length = length_checks(cut("w", "baseline", longer), cut("baseline", None, parent_lengths),
                            POLICY)[0]
     assert length.status == "inconclusive" and not length.passed, length.reason
-    assert "of one side's answers cut at the budget, more than a normal fit can carry (max 50%)" in length.reason
+    assert ("of one side's answers cut at the budget, more than a normal fit can carry (max 50%)"
+            in length.reason)
 
 
 def test_too_few_pairs_block_even_where_the_rule_is_advisory():
