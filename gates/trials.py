@@ -169,9 +169,9 @@ def p_go(scenario: Scenario, policy: GatePolicy, trials: int, seed: int) -> tupl
     for _ in range(trials):
         verdict = trial(scenario, policy, rng)
         goes += verdict.decision == "go"
-        for stage in verdict.stages:
-            for check in stage.failures:
-                blocking[check.rule] = blocking.get(check.rule, 0) + 1
+        # A rule counts once per run, however many stages of a chain it blocked.
+        for rule in {check.rule for stage in verdict.stages for check in stage.failures}:
+            blocking[rule] = blocking.get(rule, 0) + 1
     return goes / trials, blocking
 
 
