@@ -24,8 +24,9 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   unchanged set cannot dilute drift in the others) decides the pass: one set's items cannot
   resolve +-10 % when a changed greedy answer is often a different answer (sigma 0.55 per pair
   on the demo model). Any set, or the pool, fails when its one-sided p of lying beyond the
-  limit, Holm-adjusted over the sets and the pool, is below that level, so drift in some sets
-  cannot hide behind unchanged ones; a set's own unresolved ratio is shown, not blocking.
+  limit, Holm-adjusted over the sets and the pool, is below quality.alpha (the full level: a
+  drifting stage stops the looks at once), so drift in some sets cannot hide behind unchanged
+  ones; a set's own unresolved ratio is shown, not blocking.
 - Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks
   whatever the policy says. A side whose uncut answers are too few or all alike to show a
   spread borrows the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows
@@ -336,8 +337,9 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
           bounds: tuple[float, float], policy: GatePolicy) -> list[Check]:
     """The length rule against one reference: per set and pooled, then one check per set."""
     # The adaptive looks grow the sets while this rule is unresolved, so each look may pass it:
-    # its level is split over the planned looks, as accuracy's (x1.10 at 20 % cut went 10 % at
-    # the full level over three looks).
+    # its level to pass is split over the planned looks, as accuracy's (x1.10 at 20 % cut went
+    # 10 % at the full level over three looks). A fail is a confident drift at the full level
+    # (Holm): a stage that drifts stops the looks at once.
     rules, alpha = policy.length, look_alpha(policy.quality.alpha, policy.quality.max_looks)
     level = 1 - 2 * alpha
     sets = {name: Pairs.of(task, stage.quality.tasks.get(name))
@@ -350,7 +352,8 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     if len(sets) > 1:
         results[POOLED] = pooled_drift(list(results.values()), bounds, alpha)
     adjusted = holm({name: r.p_beyond for name, r in results.items()})
-    status = {name: _status(r, adjusted[name], bounds, alpha) for name, r in results.items()}
+    status = {name: _status(r, adjusted[name], bounds, policy.quality.alpha)
+              for name, r in results.items()}
     # The pooled ratio decides the pass (one set's items cannot resolve +-10 % when a changed
     # greedy answer is often a different one: sigma 0.55 per pair); any set's confident drift
     # (Holm) fails on its own, so drift in some sets cannot hide behind unchanged ones.
