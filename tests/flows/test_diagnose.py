@@ -74,3 +74,29 @@ def test_a_format_that_cannot_be_emulated_is_skipped_with_its_reason(tmp_path, c
                            checkpoint=checkpoint)
     assert not found.costs and "mxfp4/group32" in found.skipped[0]
     assert read_diagnosis(tmp_path / "mx").skipped == found.skipped
+
+
+def test_the_cli_diagnoses_the_failed_stage_and_gate_report_shows_it(tmp_path, checkpoint):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from gates.record import RunManifest
+
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    records[1] = record("w4", "baseline", SCORES, kl=0.5, top1=0.6,
+                        axes=UNQUANTIZED | {"weights": "int4/group16"})
+    for stored in records:
+        stored.save(tmp_path / stored.name)
+    RunManifest(candidate="c", stages=["baseline", "w4"]).save(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["diagnose", str(tmp_path), "--checkpoint", str(checkpoint),
+                                 "--max-tokens", "150"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "w4 (failed: " in result.output and "divergence.kl" in result.output
+    assert "Per module kind across all layers" in result.output
+    assert (tmp_path / "w4" / "diagnosis.json").is_file()
+    report = tmp_path / "report"
+    result = runner.invoke(app, ["gate", str(tmp_path), "--report", str(report)])
+    assert 'id="diagnosis"' in (report / "report.html").read_text(), result.output
+    missing = runner.invoke(app, ["diagnose", str(tmp_path), "--stage", "w5"])
+    assert missing.exit_code == 2 and "valid: baseline, w4" in missing.output
