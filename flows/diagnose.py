@@ -210,6 +210,23 @@ def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.K
         diagnosis.costs.append(cost(group.name, "kv_head", kl))
 
 
+def diagnose_failed(results_dir: Path, verdict: Verdict, records: list[StageRecord],
+                    policy: GatePolicy, **options) -> list[Diagnosis]:
+    """The flow's hook on a rollback: each failed stage diagnosed, one that cannot be (no
+    checkpoint here, no corpus) logged with its reason and left out: the verdict stands."""
+    found = []
+    for record in records:
+        rules = failed_rules(verdict, record.name) if record.parent else []
+        if not rules:
+            continue
+        try:
+            found.append(diagnose_stage(results_dir, record.name, records, policy, rules,
+                                        **options))
+        except QuantgateError as err:
+            log.warning("no diagnosis of stage %s: %s", record.name, err)
+    return found
+
+
 def diagnose_run(results_dir: Path, stage: str | None = None, **options) -> list[Diagnosis]:
     """Every stage of a stored run that failed a quality or divergence rule (or `stage`)."""
     verdict, records, policy, names = stages_to_diagnose(results_dir, stage)

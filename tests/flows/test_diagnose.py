@@ -100,3 +100,17 @@ def test_the_cli_diagnoses_the_failed_stage_and_gate_report_shows_it(tmp_path, c
     assert 'id="diagnosis"' in (report / "report.html").read_text(), result.output
     missing = runner.invoke(app, ["diagnose", str(tmp_path), "--stage", "w5"])
     assert missing.exit_code == 2 and "valid: baseline, w4" in missing.output
+
+
+def test_the_flow_hook_logs_a_stage_it_cannot_diagnose_and_keeps_going(tmp_path, caplog):
+    from flows.diagnose import diagnose_failed
+    from gates.decide import decide
+
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    records[1] = record("w4", "baseline", SCORES, kl=0.5, top1=0.6,
+                        axes=UNQUANTIZED | {"weights": "int4/group16"})
+    records[0].facts.model = str(tmp_path / "gone")  # the baseline's checkpoint is not here
+    verdict = decide("c", records, GatePolicy())
+    assert verdict.decision == "rollback"
+    assert diagnose_failed(tmp_path, verdict, records, GatePolicy()) == []
+    assert "no diagnosis of stage w4" in caplog.text and "--checkpoint" in caplog.text
