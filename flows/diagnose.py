@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # The default budget: ~4 s per group forward of SmolLM2-135M on one thread (flows docstring of
 # infra.sensitivity); 38 weight groups or 68 KV groups are 2.5-4.5 min.
 MAX_TOKENS = 1024
+TOP_LAYERS = 2  # the costliest layer groups are also measured per module kind
 KV_HEAD_LAYERS = 2  # the layers with the costliest K or V alone are also measured per head
 
 
@@ -170,6 +171,17 @@ def diagnose_stage(
                 diagnosis.costs.append(cost(group.name, sweep, values))
                 say(f"{stage}: {group.name}: KL {values.mean():.4f} "
                     f"({time.monotonic() - started:.0f}s)")
+            # Which module carries the costliest layer groups' loss: what a mixed-precision
+            # repair would keep (each kind of those layers alone).
+            costly = sorted(diagnosis.sweep("layer"), key=lambda c: c.mean_kl, reverse=True)
+            for layer_cost in costly[:TOP_LAYERS]:
+                layers = next(g.layers for g in sensitivity.sweep_groups(model.layers, layer_group)
+                              if g.name == layer_cost.name)
+                for kind in sensitivity.MODULE_KINDS:
+                    group = sensitivity.Group(f"{layer_cost.name} {kind}", layers, (kind,))
+                    with sensitivity.quantized(model, group, weights, activations):
+                        values = sensitivity.kl_per_position(model, corpus)
+                    diagnosis.costs.append(cost(group.name, "layer_module", values))
         if "kv_cache" in measured:
             _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)

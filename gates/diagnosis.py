@@ -27,7 +27,8 @@ class GroupCost(BaseModel):
     """One group fake-quantized alone: its mean KL per scored token and interval."""
 
     name: str = Field(description="e.g. 'layers 3', 'down_proj', 'K layer 0', 'K layer 0 head 2'.")
-    sweep: str = Field(description="'layer', 'module', 'all', 'kv', 'kv_layer' or 'kv_head'.")
+    sweep: str = Field(description="'all', 'layer', 'module', 'layer_module' (one kind of one "
+                       "of the costliest layer groups), 'kv', 'kv_layer' or 'kv_head'.")
     mean_kl: float
     ci_low: float
     ci_high: float
@@ -136,6 +137,11 @@ def summary(diagnosis: Diagnosis) -> list[str]:
                          + ": keeping them in higher precision is the first repair to try.")
     if modules:
         lines.append(f"Per module kind across all layers: {_ranked(modules, 7)}.")
+    inside = diagnosis.sweep("layer_module")
+    for layer in dict.fromkeys(cost.name.rsplit(" ", 1)[0] for cost in inside):
+        kinds = [c.model_copy(update={"name": c.name.rsplit(" ", 1)[1]}) for c in inside
+                 if c.name.rsplit(" ", 1)[0] == layer]
+        lines.append(f"Within {layer}, per module kind: {_ranked(kinds, 3)}.")
     kv = {cost.name: cost for cost in diagnosis.sweep("kv")}
     keys, values = kv.get("K all layers"), kv.get("V all layers")
     if keys and values:

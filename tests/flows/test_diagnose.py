@@ -53,6 +53,10 @@ def test_a_weights_stage_is_diagnosed_per_layer_and_kind(tmp_path, checkpoint):
     assert stored == found and stored.emulated == {"weights": "int4/group16"}
     assert [c.name for c in stored.sweep("layer")] == ["layers 0", "layers 1"]
     assert len(stored.sweep("module")) == 7 and stored.sweep("all")[0].mean_kl > 0
+    costliest = max(stored.sweep("layer"), key=lambda c: c.mean_kl).name
+    assert [c.name for c in stored.sweep("layer_module")][:2] == [f"{costliest} q_proj",
+                                                                   f"{costliest} k_proj"]
+    assert len(stored.sweep("layer_module")) == 14
     assert stored.tokens == 140 and stored.scored_tokens == 138  # two of the four texts
     for cost in stored.costs:
         assert cost.ci_low <= cost.mean_kl <= cost.ci_high

@@ -17,6 +17,8 @@ def diagnosis(stage: str = "a8") -> Diagnosis:
                         ci_high=kl * 1.2) for i, kl in enumerate((0.20, 0.01, 0.012, 0.011))]
     costs += [GroupCost(name=kind, sweep="module", mean_kl=kl, ci_low=kl * 0.8, ci_high=kl * 1.2)
               for kind, kl in (("q_proj", 0.01), ("down_proj", 0.15))]
+    costs += [GroupCost(name=f"layers 0 {kind}", sweep="layer_module", mean_kl=kl, ci_low=kl * 0.8,
+                        ci_high=kl * 1.2) for kind, kl in (("q_proj", 0.01), ("down_proj", 0.12))]
     costs += [GroupCost(name="K all layers", sweep="kv", mean_kl=0.05, ci_low=0.04, ci_high=0.06),
               GroupCost(name="V all layers", sweep="kv", mean_kl=0.002, ci_low=0.001,
                         ci_high=0.003)]
@@ -38,6 +40,7 @@ def test_summary_names_the_costly_layers_kinds_and_the_biased_k():
     assert "layers 0 0.2000 [0.1600, 0.2400]" in text
     assert "stands out" in text and "layers 0:" in text
     assert text.index("down_proj") < text.index("q_proj")
+    assert "Within layers 0, per module kind: down_proj 0.1200" in text
     assert "K carries the loss" in text
     assert "K in layers 0–2 carries a constant bias" in text
     assert "V: no layer" in text
