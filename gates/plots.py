@@ -153,12 +153,14 @@ def length_histogram(records: list[StageRecord], max_change: float, path: Path) 
 
 
 def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
-    """Per failed stage: KL per layer group and per module kind (the stage's format on that
-    group alone), K vs V per layer, and the share of K / V dimensions that are a constant
-    offset; bars are the mean KL per token, whiskers its interval (gates.diagnosis)."""
+    """Per failed stage: KL per layer group, per module kind and per kind within the costliest
+    layer groups (the stage's format on that group alone), K vs V per layer, and the share of
+    K / V dimensions that are a constant offset; bars are the mean KL per token, whiskers its
+    interval (gates.diagnosis)."""
     rows = []
     for diagnosis in diagnoses:
-        panels = [sweep for sweep in ("layer", "module", "kv_layer") if diagnosis.sweep(sweep)]
+        panels = [sweep for sweep in ("layer", "module", "layer_module", "kv_layer")
+                  if diagnosis.sweep(sweep)]
         if diagnosis.kv_offsets:
             panels.append("offsets")
         if panels:
@@ -183,9 +185,12 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
             else:
                 costs = diagnosis.sweep(panel)
                 _bars(ax, [c.name.removeprefix("layers ") for c in costs], costs, 0.0, "#0969da")
-                ax.set_xlabel("decoder layer(s)" if panel == "layer" else "module kind")
+                where = {"layer": ("decoder layer(s)", "one layer group"),
+                         "module": ("module kind", "one kind, all layers"),
+                         "layer_module": ("layer(s) and kind", "one kind of a costly layer")}
+                ax.set_xlabel(where[panel][0])
                 ax.set_title(f"{diagnosis.stage}: {', '.join(diagnosis.emulated.values())} "
-                             f"on one {'layer group' if panel == 'layer' else 'kind'}", fontsize=9)
+                             f"on {where[panel][1]}", fontsize=9)
             if panel != "offsets":
                 ax.set_ylabel("KL nats/token")
             ax.grid(alpha=0.3, axis="y")
