@@ -35,8 +35,8 @@ from infra.errors import MeasurementError, QuantgateError, did_you_mean
 
 log = logging.getLogger(__name__)
 
-# The default budget: ~4 s per group forward of SmolLM2-135M on one thread (flows docstring of
-# infra.sensitivity); 38 weight groups or 68 KV groups are 2.5-4.5 min.
+# The default budget (infra.sensitivity's docstring): ~4-5 s per group forward of SmolLM2-135M
+# over 1,024 tokens on one thread; its 52 weight groups or 74 KV groups are ~5 min.
 MAX_TOKENS = 1024
 TOP_LAYERS = 2  # the costliest layer groups are also measured per module kind
 KV_HEAD_LAYERS = 2  # the layers with the costliest K or V alone are also measured per head
