@@ -155,6 +155,13 @@ def summary(diagnosis: Diagnosis) -> list[str]:
         if per_layer:
             lines.append(f"Per layer: {_ranked(per_layer, 4)}.")
     if diagnosis.kv_offsets:
+        energy = {tensor: sorted(getattr(row, f"{tensor}_offset_energy")
+                                 for row in diagnosis.kv_offsets) for tensor in ("k", "v")}
+        lines.append(
+            "Constant offsets carry " + " and ".join(
+                f"{values[len(values) // 2]:.0%} of {tensor.upper()}'s mean square (median head; "
+                f"{values[0]:.0%}–{values[-1]:.0%})" for tensor, values in energy.items())
+            + ": what one per-tensor FP8 scale must span besides the signal.")
         for tensor in ("k", "v"):
             shares: dict[int, float] = {}
             for row in diagnosis.kv_offsets:
@@ -164,7 +171,8 @@ def summary(diagnosis: Diagnosis) -> list[str]:
             name = tensor.upper()
             if biased:
                 lines.append(
-                    f"{name} in layers {_ranges(biased)} carries a constant bias (in some head, "
+                    f"{name} in layer{'s' * (len(biased) > 1)} {_ranges(biased)} carries a "
+                    "constant bias (in some head, "
                     f">= {BIAS_SHARE:.0%} of dimensions have |mean| > {BIAS_RATIO:g} std across "
                     f"tokens, up to {max(shares[layer] for layer in biased):.0%}): a per-tensor "
                     "FP8 scale spends its precision on the offset and drowns the signal; per-head "

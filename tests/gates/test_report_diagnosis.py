@@ -44,6 +44,7 @@ def test_summary_names_the_costly_layers_kinds_and_the_biased_k():
     assert "K carries the loss" in text
     assert "K in layers 0–2 carries a constant bias" in text
     assert "V: no layer" in text
+    assert "Constant offsets carry 90% of K's mean square" in text
 
 
 def test_report_shows_the_rollback_section_and_chart_when_a_diagnosis_is_stored(tmp_path):
