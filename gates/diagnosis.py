@@ -154,6 +154,9 @@ def summary(diagnosis: Diagnosis) -> list[str]:
         per_layer = diagnosis.sweep("kv_layer")
         if per_layer:
             lines.append(f"Per layer: {_ranked(per_layer, 4)}.")
+        per_head = diagnosis.sweep("kv_head")
+        if per_head:
+            lines.append(f"Per KV head in the costliest layers: {_ranked(per_head, 3)}.")
     if diagnosis.kv_offsets:
         energy = {tensor: sorted(getattr(row, f"{tensor}_offset_energy")
                                  for row in diagnosis.kv_offsets) for tensor in ("k", "v")}

@@ -24,6 +24,8 @@ def diagnosis(stage: str = "a8") -> Diagnosis:
                         ci_high=0.003)]
     costs += [GroupCost(name=f"{t} layer {i}", sweep="kv_layer", mean_kl=kl, ci_low=kl, ci_high=kl)
               for i in range(4) for t, kl in (("K", 0.01 * (4 - i)), ("V", 0.001))]
+    costs += [GroupCost(name=f"K layer 0 head {h}", sweep="kv_head", mean_kl=kl, ci_low=kl,
+                        ci_high=kl) for h, kl in ((0, 0.002), (1, 0.03))]
     offsets = [KvHeadOffsets(layer=layer, head=head, k_bias_share=0.6 if layer < 3 else 0.0,
                              v_bias_share=0.0, k_offset_energy=0.9, v_offset_energy=0.1)
                for layer in range(4) for head in range(2)]
@@ -44,6 +46,7 @@ def test_summary_names_the_costly_layers_kinds_and_the_biased_k():
     assert "K carries the loss" in text
     assert "K in layers 0–2 carries a constant bias" in text
     assert "V: no layer" in text
+    assert "Per KV head in the costliest layers: K layer 0 head 1 0.0300" in text
     assert "Constant offsets carry 90% of K's mean square" in text
 
 
