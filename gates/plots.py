@@ -217,8 +217,11 @@ def _kv_panel(ax, diagnosis: Diagnosis) -> None:
           0.4)
     _bars(ax, [], values, 0.2, "#0969da", "V alone", 0.4)
     ax.set_xlabel("layer")
+    whole = {c.name[0]: c for c in diagnosis.sweep("kv")}
+    every = ", ".join(f"{t} {whole[t].mean_kl:.4f} [{whole[t].ci_low:.4f}, {whole[t].ci_high:.4f}]"
+                      for t in "KV" if t in whole)
     ax.set_title(f"{diagnosis.stage}: {', '.join(diagnosis.emulated.values())} on K or V of one "
-                 "layer", fontsize=9)
+                 f"layer\n(all layers: {every})", fontsize=9)
     ax.legend(fontsize=8)
 
 
@@ -228,8 +231,13 @@ def _offsets_panel(ax, diagnosis: Diagnosis) -> None:
         share = [max(getattr(r, f"{tensor}_bias_share") for r in diagnosis.kv_offsets
                      if r.layer == layer) for layer in layers]
         ax.plot(layers, share, marker="o", color=color, label=f"{tensor.upper()} (max over heads)")
+        energy = [float(np.median([getattr(r, f"{tensor}_offset_energy") for r in
+                                   diagnosis.kv_offsets if r.layer == layer])) for layer in layers]
+        ax.plot(layers, energy, ls="--", color=color,
+                label=f"{tensor.upper()}: offsets' share of the mean square (median head)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("layer")
-    ax.set_ylabel("share of dimensions")
-    ax.set_title(f"dimensions with |mean| > {BIAS_RATIO:g} std across tokens (a constant bias)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_ylabel("share")
+    ax.set_title(f"{diagnosis.stage}: K / V constant offsets (dots: share of dimensions with "
+                 f"|mean| > {BIAS_RATIO:g} std)", fontsize=9)
+    ax.legend(fontsize=7)
