@@ -26,7 +26,8 @@ BIAS_SHARE = 0.25
 class GroupCost(BaseModel):
     """One group fake-quantized alone: its mean KL per scored token and interval."""
 
-    name: str = Field(description="e.g. 'layers 3', 'down_proj', 'K layer 0', 'K layer 0 head 2'.")
+    name: str = Field(description="e.g. 'layer 3', 'layers 0-9', 'down_proj', 'K layer 0', "
+                      "'K layer 0 head 2'.")
     sweep: str = Field(description="'all', 'layer', 'module', 'layer_module' (one kind of one "
                        "of the costliest layer groups), 'kv', 'kv_layer' or 'kv_head'.")
     mean_kl: float

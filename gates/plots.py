@@ -184,7 +184,8 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
                 _kv_panel(ax, diagnosis)
             else:
                 costs = diagnosis.sweep(panel)
-                _bars(ax, [c.name.removeprefix("layers ") for c in costs], costs, 0.0, "#0969da")
+                labels = [c.name.removeprefix("layers ").removeprefix("layer ") for c in costs]
+                _bars(ax, labels, costs, 0.0, "#0969da")
                 where = {"layer": ("decoder layer(s)", "one layer group"),
                          "module": ("module kind", "one kind, all layers"),
                          "layer_module": ("layer(s) and kind", "one kind of a costly layer")}

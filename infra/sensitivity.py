@@ -154,7 +154,7 @@ class KvGroup:
 
 def sweep_groups(layers: int, layer_group: int = 1) -> list[Group]:
     """Each block of `layer_group` decoder layers (all kinds), then each kind across all layers."""
-    groups = [Group(f"layers {start}" if layer_group == 1 else
+    groups = [Group(f"layer {start}" if layer_group == 1 else
                     f"layers {start}-{min(start + layer_group, layers) - 1}",
                     tuple(range(start, min(start + layer_group, layers))))
               for start in range(0, layers, layer_group)]

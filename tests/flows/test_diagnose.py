@@ -51,7 +51,7 @@ def test_a_weights_stage_is_diagnosed_per_layer_and_kind(tmp_path, checkpoint):
                            checkpoint=checkpoint, max_tokens=200)
     stored = read_diagnosis(tmp_path / "w4")
     assert stored == found and stored.emulated == {"weights": "int4/group16"}
-    assert [c.name for c in stored.sweep("layer")] == ["layers 0", "layers 1"]
+    assert [c.name for c in stored.sweep("layer")] == ["layer 0", "layer 1"]
     assert len(stored.sweep("module")) == 7 and stored.sweep("all")[0].mean_kl > 0
     costliest = max(stored.sweep("layer"), key=lambda c: c.mean_kl).name
     assert [c.name for c in stored.sweep("layer_module")][:2] == [f"{costliest} q_proj",
