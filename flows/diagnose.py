@@ -157,6 +157,9 @@ def diagnose_stage(
         if "weights" in held or "activations" in held:
             parent_held.enter_context(sensitivity.quantized(
                 model, everything, held.get("weights"), held.get("activations")))
+        if "kv_cache" in held:
+            parent_held.enter_context(sensitivity.kv_quantized(model, sensitivity.KvGroup(
+                "parent", everything.layers, True, True), held["kv_cache"]))
         sensitivity.reference(model, corpus)
         say(f"{stage}: reference over {corpus.tokens} tokens ({diagnosis.scored_tokens} scored), "
             f"{time.monotonic() - started:.0f}s")

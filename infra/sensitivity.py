@@ -313,13 +313,14 @@ def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
 @contextlib.contextmanager
 def kv_quantized(model: Model, group: KvGroup, fmt: KvFormat) -> Iterator[None]:
     attentions = [model.module.model.layers[i].self_attn for i in group.layers]
+    before = [getattr(attention, _KV_ATTR, None) for attention in attentions]
     for attention in attentions:
         setattr(attention, _KV_ATTR, _kv_plan(group, fmt))
     try:
         yield
-    finally:
-        for attention in attentions:
-            setattr(attention, _KV_ATTR, None)
+    finally:  # a plan held around this one (the parent's cache format) comes back
+        for attention, plan in zip(attentions, before, strict=True):
+            setattr(attention, _KV_ATTR, plan)
 
 
 def _scored_logprobs(model: Model, sequence: list[int], spans: list[tuple[int, int]]):

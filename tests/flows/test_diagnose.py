@@ -118,3 +118,15 @@ def test_the_flow_hook_logs_a_stage_it_cannot_diagnose_and_keeps_going(tmp_path,
     assert verdict.decision == "rollback"
     assert diagnose_failed(tmp_path, verdict, records, GatePolicy()) == []
     assert "no diagnosis of stage w4" in caplog.text and "--checkpoint" in caplog.text
+
+
+def test_an_activations_stage_is_measured_over_its_parent_s_emulated_weights(tmp_path, checkpoint):
+    weights = {"weights": "int8/channel"}
+    records = _run(tmp_path, "a8", weights | {"activations": "int8/token/dynamic"}, "activations")
+    records.insert(1, record("w8", "baseline", SCORES, axes=UNQUANTIZED | weights))
+    records[2].parent = "w8"
+    found = diagnose_stage(tmp_path, "a8", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    assert found.emulated == {"activations": "int8/token/dynamic"}
+    assert "parent's (w8) axes emulated: weights=int8/channel" in found.reference
+    assert found.sweep("all")[0].mean_kl > 0 and len(found.sweep("layer")) == 2
