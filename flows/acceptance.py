@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.cache import StageCache, digest, stage_keys
+from flows.diagnose import diagnose_failed
 from flows.engines import KeptEngines
 from flows.estimate import RunEstimate, predicted_against_actual
 from flows.host import host_slot
@@ -27,6 +28,7 @@ from flows.summary import flow_run_tags, record_registry_verdict, stage_summary,
 from flows.timing import timed, utc_now
 from flows.tracking import Tracker
 from gates.decide import decide
+from gates.diagnosis import read_diagnoses
 from gates.policy import save_run_policy
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
@@ -127,10 +129,15 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             records = [StageRecord.read(results_dir / record.name) for record in records]
             verdict = decide(spec.candidate, records, prepared.policy)
             verdict_path = verdict.save(results_dir / "verdict.json")
+        if settings.diagnose_on_rollback and verdict.decision == "rollback":
+            with timed(clock, "diagnosis"):
+                diagnose_failed(results_dir, verdict, records, prepared.policy,
+                                max_tokens=settings.diagnose_max_tokens)
         report_dir = (settings.reports_dir / results_dir.name).resolve()
         with timed(clock, "reporting"):
             report = write_report(
                 verdict, records, report_dir, signer=settings.signer,
+                diagnoses=read_diagnoses(results_dir, [record.name for record in records]),
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
                 prompts=lambda name: stored_prompts(results_dir, name),  # as a re-gate shows them
                 workload_source=f"load profile {spec.load_profile}",

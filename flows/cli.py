@@ -10,7 +10,7 @@ import typer.core
 from click import Context
 from rich.markup import escape
 
-from flows.commands import prepare, results, running, service, whatif
+from flows.commands import diagnose, prepare, results, running, service, whatif
 from flows.commands.shared import err_console
 from infra.secrets import redact
 
@@ -18,7 +18,7 @@ from infra.secrets import redact
 # each concern's module adds its own, a command not named here is listed last.
 HELP_ORDER = ("validate", "new-evalset", "run", "gate", "whatif", "compare", "serve", "submit",
               "status", "register", "promote", "rollback", "load-ui", "prepare-demo", "formats",
-              "prepare-candidates")
+              "prepare-candidates", "diagnose")
 
 
 class _Commands(typer.core.TyperGroup):
@@ -29,7 +29,7 @@ class _Commands(typer.core.TyperGroup):
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_Commands)
-for commands in (running, results, whatif, service, prepare):
+for commands in (running, results, whatif, service, prepare, diagnose):
     app.add_typer(commands.app)  # no name: each command stays at the top level
 
 

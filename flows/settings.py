@@ -34,6 +34,12 @@ class Settings(BaseSettings):
     )
     mlflow_experiment: str = Field(default="quantgate", description="MLflow experiment name.")
     reports_dir: Path = Field(default=Path("reports"), description="Where sign-off reports go.")
+    diagnose_on_rollback: bool = Field(
+        default=False, description="On a rollback, measure where each stage that failed a quality "
+        "or divergence rule loses (quantgate diagnose: torch on the CPU, minutes for a 135M model, "
+        "hours for a 7B one) before the report, which then shows it.")
+    diagnose_max_tokens: int = Field(
+        default=1024, ge=16, description="Corpus tokens forwarded per group by that diagnosis.")
     signer: str | None = Field(default=None, description="Name put in the report's sign-off block.")
     num_concurrent: int = Field(default=4, ge=1, description="Parallel eval requests (lm-eval).")
     cache_dir: Path | None = Field(

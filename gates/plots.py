@@ -9,6 +9,7 @@ import numpy as np
 
 from gates.accuracy import natural_order
 from gates.context_curve import auc, bucket_length
+from gates.diagnosis import BIAS_RATIO, Diagnosis
 from gates.length import length_ratios
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -149,3 +150,95 @@ def length_histogram(records: list[StageRecord], max_change: float, path: Path) 
     ax.set_title("Paired output-length ratios")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
+    """Per failed stage: KL per layer group, per module kind and per kind within the costliest
+    layer groups (the stage's format on that group alone), K vs V per layer, and the share of
+    K / V dimensions that are a constant offset; bars are the mean KL per token, whiskers its
+    interval (gates.diagnosis)."""
+    rows = []
+    for diagnosis in diagnoses:
+        panels = [sweep for sweep in ("layer", "module", "layer_module", "kv_layer")
+                  if diagnosis.sweep(sweep)]
+        if diagnosis.kv_offsets:
+            panels.append("offsets")
+        if panels:
+            rows.append((diagnosis, panels))
+    if not rows:
+        return None
+    plt = _pyplot()
+    columns = max(len(panels) for _, panels in rows)
+    fig, axes = plt.subplots(len(rows), columns, figsize=(4.6 * columns, 3.4 * len(rows)),
+                             squeeze=False)
+    for row, (diagnosis, panels) in enumerate(rows):
+        for col in range(columns):
+            ax = axes[row][col]
+            if col >= len(panels):
+                ax.axis("off")
+                continue
+            panel = panels[col]
+            if panel == "offsets":
+                _offsets_panel(ax, diagnosis)
+            elif panel == "kv_layer":
+                _kv_panel(ax, diagnosis)
+            else:
+                costs = diagnosis.sweep(panel)
+                labels = [c.name.removeprefix("layers ").removeprefix("layer ") for c in costs]
+                _bars(ax, labels, costs, 0.0, "#0969da")
+                where = {"layer": ("decoder layer(s)", "one layer group"),
+                         "module": ("module kind", "one kind, all layers"),
+                         "layer_module": ("layer(s) and kind", "one kind of a costly layer")}
+                ax.set_xlabel(where[panel][0])
+                ax.set_title(f"{diagnosis.stage}: {', '.join(diagnosis.emulated.values())} "
+                             f"on {where[panel][1]}", fontsize=9)
+            if panel != "offsets":
+                ax.set_ylabel("KL nats/token")
+            ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def _bars(ax, labels: list[str], costs: list, shift: float, color: str, label: str | None = None,
+          width: float = 0.8) -> None:
+    x = np.arange(len(costs)) + shift
+    means = np.array([c.mean_kl for c in costs])
+    errors = np.array([[c.mean_kl - c.ci_low for c in costs], [c.ci_high - c.mean_kl for c in costs]])
+    ax.bar(x, means, width=width, color=color, label=label)
+    ax.errorbar(x, means, yerr=np.maximum(errors, 0), fmt="none", ecolor="#24292f", capsize=2, lw=1)
+    if labels:
+        ax.set_xticks(np.arange(len(costs)), labels, rotation=90 if len(labels) > 10 else 30,
+                      fontsize=7)
+
+
+def _kv_panel(ax, diagnosis: Diagnosis) -> None:
+    per_layer = diagnosis.sweep("kv_layer")
+    keys = [c for c in per_layer if c.name.startswith("K ")]
+    values = [c for c in per_layer if c.name.startswith("V ")]
+    _bars(ax, [c.name.removeprefix("K layer ") for c in keys], keys, -0.2, "#cf222e", "K alone",
+          0.4)
+    _bars(ax, [], values, 0.2, "#0969da", "V alone", 0.4)
+    ax.set_xlabel("layer")
+    whole = {c.name[0]: c for c in diagnosis.sweep("kv")}
+    every = ", ".join(f"{t} {whole[t].mean_kl:.4f} [{whole[t].ci_low:.4f}, {whole[t].ci_high:.4f}]"
+                      for t in "KV" if t in whole)
+    ax.set_title(f"{diagnosis.stage}: {', '.join(diagnosis.emulated.values())} on K or V of one "
+                 f"layer\n(all layers: {every})", fontsize=9)
+    ax.legend(fontsize=8)
+
+
+def _offsets_panel(ax, diagnosis: Diagnosis) -> None:
+    layers = sorted({row.layer for row in diagnosis.kv_offsets})
+    for tensor, color in (("k", "#cf222e"), ("v", "#0969da")):
+        share = [max(getattr(r, f"{tensor}_bias_share") for r in diagnosis.kv_offsets
+                     if r.layer == layer) for layer in layers]
+        ax.plot(layers, share, marker="o", color=color, label=f"{tensor.upper()} (max over heads)")
+        energy = [float(np.median([getattr(r, f"{tensor}_offset_energy") for r in
+                                   diagnosis.kv_offsets if r.layer == layer])) for layer in layers]
+        ax.plot(layers, energy, ls="--", color=color,
+                label=f"{tensor.upper()}: offsets' share of the mean square (median head)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share")
+    ax.set_title(f"{diagnosis.stage}: K / V constant offsets (dots: share of dimensions with "
+                 f"|mean| > {BIAS_RATIO:g} std)", fontsize=9)
+    ax.legend(fontsize=7)

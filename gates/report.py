@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gates import plots, recovery, rules
 from gates.context_curve import curve_tables
+from gates.diagnosis import Diagnosis, summary
 from gates.engine_facts import engine_rows, kernel_changes
 from gates.methods import methods
 from gates.policy import GatePolicy
@@ -294,6 +295,18 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
     }
 
 
+def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, Any]:
+    """One failed stage's rollback diagnosis as the templates show it."""
+    how = (f"{diagnosis.kl}; {diagnosis.interval}; {diagnosis.sequences} sequences, "
+           f"{diagnosis.tokens} tokens forwarded per group, {diagnosis.forwards} groups in "
+           f"{diagnosis.seconds:.0f} s on {diagnosis.threads} thread"
+           f"{'s' * (diagnosis.threads != 1)}. Reference: {diagnosis.reference}.")
+    return {"stage": diagnosis.stage, "parent": diagnosis.parent,
+            "failed": ", ".join(diagnosis.failed_rules) or "-",
+            "emulated": ", ".join(f"{a}={v}" for a, v in diagnosis.emulated.items()) or "-",
+            "how": how, "lines": summary(diagnosis)}
+
+
 def _environment(autoescape: bool):
     import jinja2
 
@@ -309,6 +322,7 @@ def write_report(
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
     whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
     prompts: Callable[[str], dict[str, str]] | None = None,
+    diagnoses: dict[str, Diagnosis] | None = None,
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
     table, when it has quality results) and the figures (PNG) into out_dir.
@@ -320,7 +334,9 @@ def write_report(
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
     `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
     `prompts(set)`: the prompt texts by item id the flips show (a re-gate: those the run kept,
-    gates.run_inputs); default: the sets' data as they are now.
+    gates.run_inputs); default: the sets' data as they are now. `diagnoses`: failed stages'
+    diagnosis.json by stage (gates.diagnosis.read_diagnoses): the rollback section and its chart,
+    left out when there are none.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = GatePolicy.model_validate(verdict.policy) if verdict.policy else GatePolicy()
@@ -330,12 +346,15 @@ def write_report(
         "latency_cdf": plots.latency_cdfs(records, out_dir / "latency_cdf.png"),
         "length_ratios": plots.length_histogram(records, policy.length.max_change,
                                                 out_dir / "length_ratios.png"),
+        "sensitivity": plots.sensitivity(list((diagnoses or {}).values()),
+                                         out_dir / "sensitivity.png"),
     }
     images = {name: path for name, path in drawn.items() if path is not None}
     whatif = whatif_section(records, workload, workload_source, whatif_gpus)
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif,
                        prompts or _prompts)
     context["placement"] = list(placement)
+    context["diagnoses"] = [diagnosis_rows(d) for d in (diagnoses or {}).values()]
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

@@ -53,6 +53,7 @@ def gate(
     for line in _run_placement(results_dir):  # where a CUDA run's engines went
         console.print(f"placement: {escape(line)}", highlight=False)
     if report is not None:
+        from gates.diagnosis import read_diagnoses
         from gates.report import write_report
 
         try:
@@ -65,7 +66,8 @@ def gate(
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
                                    workload=workload, workload_source=origin,
                                    placement=_run_placement(results_dir),
-                                   prompts=_run_prompts(results_dir))
+                                   prompts=_run_prompts(results_dir),
+                                   diagnoses=read_diagnoses(results_dir, [r.name for r in records]))
         except OSError as err:
             fail(f"cannot write the report into {report}: {err.strerror or err}; choose a "
                  "writable folder")

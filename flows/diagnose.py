@@ -1,0 +1,249 @@
+"""Diagnosis on rollback: for a stage that failed a quality or divergence rule, where the loss comes from.
+
+Which stage failed (the verdict recomputed from the stored run, by its own policy), what to
+measure (the axes the stage changed, in the stage's own format, over its parent's emulated
+axes), and the file it leaves (diagnosis.json beside the stage's stage.json). The measuring is
+infra.sensitivity (torch, offline, no engine); the intervals are gates.stats' block bootstrap
+with the policy's level, resamples and seed; the report reads the file (gates.diagnosis).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from evalsets.token_corpus import ScoringCorpus
+from gates import stats
+from gates.decide import decide, load_records
+from gates.diagnosis import (
+    BIAS_RATIO,
+    DIAGNOSED_RULES,
+    Diagnosis,
+    GroupCost,
+    KvHeadOffsets,
+)
+from gates.policy import GatePolicy, run_policy
+from gates.record import StageRecord
+from gates.verdict import Verdict
+from infra import sensitivity
+from infra.errors import MeasurementError, QuantgateError, did_you_mean
+
+log = logging.getLogger(__name__)
+
+# The default budget (infra.sensitivity's docstring): ~4-5 s per group forward of SmolLM2-135M
+# over 1,024 tokens on one thread; its 52 weight groups or 74 KV groups are ~5 min.
+MAX_TOKENS = 1024
+TOP_LAYERS = 2  # the costliest layer groups are also measured per module kind
+KV_HEAD_LAYERS = 2  # the layers with the costliest K or V alone are also measured per head
+
+
+def failed_rules(verdict: Verdict, stage: str) -> list[str]:
+    """The quality / divergence / perplexity rules that blocked `stage`."""
+    for judged in verdict.stages:
+        if judged.stage == stage:
+            return [c.rule for c in judged.failures if c.rule.startswith(DIAGNOSED_RULES)]
+    return []
+
+
+def stages_to_diagnose(results_dir: Path, stage: str | None = None) -> tuple[
+        Verdict, list[StageRecord], GatePolicy, list[str]]:
+    """The run's verdict again and the stages a diagnosis explains (or `stage`, if named)."""
+    candidate, records = load_records(results_dir)
+    stored = run_policy(results_dir)
+    policy = stored[0] if stored else GatePolicy()
+    verdict = decide(candidate, records, policy)
+    names = [r.name for r in records]
+    if stage is not None:
+        if stage not in names:
+            raise QuantgateError(f"stage {stage!r} is not in {results_dir}; "
+                                 f"{did_you_mean(stage, names)}")
+        return verdict, records, policy, [stage]
+    chosen = [r.name for r in records if r.parent is not None and failed_rules(verdict, r.name)]
+    return verdict, records, policy, chosen
+
+
+def _checkpoint(baseline: StageRecord, override: Path | None) -> Path:
+    stored = Path(baseline.facts.model) if baseline.facts and baseline.facts.model else None
+    for candidate in (override, stored):
+        if candidate is not None and (candidate / "config.json").is_file():
+            return candidate
+    raise MeasurementError(
+        f"diagnosis: the baseline's checkpoint {stored} is not here (no config.json); pass "
+        "--checkpoint with the unquantized model folder")
+
+
+def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
+    stored = ScoringCorpus.read(stage_dir / "quality")
+    if stored is None:
+        raise MeasurementError(f"diagnosis: {stage_dir / 'quality'} holds no scoring corpus "
+                               "(scoring_corpus.json): the stage scored no divergence corpus")
+    corpus = sensitivity.Corpus([s.token_ids for s in stored.sequences],
+                                [[(span.start, span.end) for span in s.spans]
+                                 for s in stored.sequences])
+    return sensitivity.take(corpus, max_tokens)
+
+
+def _formats(axes: dict[str, str], axis_names: list[str], skipped: list[str]) -> dict[str, object]:
+    """Parsed formats of the named axes that are quantized; a reason in `skipped` for the rest."""
+    out: dict[str, object] = {}
+    for axis in axis_names:
+        value = axes.get(axis, "none")
+        if value in ("none", "auto"):
+            continue
+        try:
+            out[axis] = (sensitivity.parse_kv(value) if axis == "kv_cache"
+                         else sensitivity.parse_format(value))
+        except sensitivity.NotEmulated as exc:
+            skipped.append(f"{axis}={value}: {exc}")
+    return out
+
+
+def diagnose_stage(
+    results_dir: Path, stage: str, records: list[StageRecord], policy: GatePolicy,
+    rules: list[str], checkpoint: Path | None = None, max_tokens: int = MAX_TOKENS,
+    layer_group: int = 1, threads: int = 1, say: Callable[[str], None] = log.info,
+) -> Diagnosis:
+    """Measure and write `stage`'s diagnosis.json; returns it."""
+    started = time.monotonic()
+    by_name = {r.name: r for r in records}
+    record = by_name[stage]
+    parent = by_name.get(record.parent or "")
+    if parent is None:
+        raise QuantgateError(f"stage {stage!r} is the baseline: there is nothing to diagnose")
+    baseline = next(r for r in records if r.parent is None)
+    skipped: list[str] = []
+    parent_axes = [axis for axis in ("weights", "activations", "kv_cache")
+                   if parent.axes.get(axis) != baseline.axes.get(axis)]
+    changed = [axis for axis in ("weights", "activations", "kv_cache")
+               if record.axes.get(axis) != parent.axes.get(axis)]
+    held = _formats(parent.axes, parent_axes, skipped)
+    measured = _formats(record.axes, changed, skipped)
+    diagnosis = Diagnosis(
+        stage=stage, parent=parent.name, failed_rules=rules, checkpoint="", skipped=skipped,
+        reference=(f"the baseline's checkpoint with the parent's ({parent.name}) axes emulated: "
+                   + ", ".join(f"{a}={parent.axes[a]}" for a in parent_axes)) if parent_axes
+        else f"the parent's ({parent.name}) unquantized checkpoint",
+        emulated={axis: record.axes[axis] for axis in measured}, threads=threads)
+    if not measured or len(held) < len(parent_axes):
+        diagnosis.skipped.append("nothing the stage changed can be emulated here"
+                                 if not measured else "the parent's formats cannot be emulated")
+        diagnosis.save(results_dir / stage)
+        return diagnosis
+    diagnosis.checkpoint = str(_checkpoint(baseline, checkpoint))
+    corpus = _corpus(results_dir / stage, max_tokens)
+    diagnosis.sequences, diagnosis.tokens = len(corpus.sequences), corpus.tokens
+    diagnosis.scored_tokens = sum(corpus.span_tokens)
+    quality, block_tokens = policy.quality, policy.divergence.block_tokens
+    diagnosis.interval = (f"{quality.confidence:.0%} studentized block-bootstrap CI (gates.stats) "
+                          f"over {diagnosis.scored_tokens} scored tokens in "
+                          f"{len(corpus.span_tokens)} spans, blocks of <= {block_tokens}")
+
+    def cost(name: str, sweep: str, values: np.ndarray) -> GroupCost:
+        interval = stats.block_bootstrap(values, corpus.span_tokens, block_tokens,
+                                         quality.confidence, quality.bootstrap_resamples,
+                                         quality.seed)
+        diagnosis.forwards += 1
+        return GroupCost(name=name, sweep=sweep, mean_kl=interval.estimate, ci_low=interval.low,
+                         ci_high=interval.high)
+
+    model = sensitivity.load_model(diagnosis.checkpoint, threads)
+    everything = sensitivity.Group("all", tuple(range(model.layers)))
+    with contextlib.ExitStack() as parent_held:
+        if "weights" in held or "activations" in held:
+            parent_held.enter_context(sensitivity.quantized(
+                model, everything, held.get("weights"), held.get("activations")))
+        if "kv_cache" in held:
+            parent_held.enter_context(sensitivity.kv_quantized(model, sensitivity.KvGroup(
+                "parent", everything.layers, True, True), held["kv_cache"]))
+        sensitivity.reference(model, corpus)
+        say(f"{stage}: reference over {corpus.tokens} tokens ({diagnosis.scored_tokens} scored), "
+            f"{time.monotonic() - started:.0f}s")
+        weights, activations = measured.get("weights"), measured.get("activations")
+        if weights is not None or activations is not None:
+            # The stage's format on one group at a time, the parent's on the rest (held above).
+            for group in [everything, *sensitivity.sweep_groups(model.layers, layer_group)]:
+                with sensitivity.quantized(model, group, weights, activations):
+                    values = sensitivity.kl_per_position(model, corpus)
+                sweep = ("all" if group is everything else
+                         "module" if len(group.kinds) == 1 else "layer")
+                diagnosis.costs.append(cost(group.name, sweep, values))
+                say(f"{stage}: {group.name}: KL {values.mean():.4f} "
+                    f"({time.monotonic() - started:.0f}s)")
+            # Which module carries the costliest layer groups' loss: what a mixed-precision
+            # repair would keep (each kind of those layers alone).
+            costly = sorted(diagnosis.sweep("layer"), key=lambda c: c.mean_kl, reverse=True)
+            for layer_cost in costly[:TOP_LAYERS]:
+                layers = next(g.layers for g in sensitivity.sweep_groups(model.layers, layer_group)
+                              if g.name == layer_cost.name)
+                for kind in sensitivity.MODULE_KINDS:
+                    group = sensitivity.Group(f"{layer_cost.name} {kind}", layers, (kind,))
+                    with sensitivity.quantized(model, group, weights, activations):
+                        values = sensitivity.kl_per_position(model, corpus)
+                    diagnosis.costs.append(cost(group.name, "layer_module", values))
+        if "kv_cache" in measured:
+            _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
+    diagnosis.seconds = round(time.monotonic() - started, 1)
+    diagnosis.save(results_dir / stage)
+    return diagnosis
+
+
+def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.KvFormat,
+        diagnosis: Diagnosis, cost: Callable, say: Callable[[str], None], started: float) -> None:
+    """K alone vs V alone (all layers, per layer, per head in the costliest layers) and the
+    offset statistic per layer and KV head."""
+    keys, values = sensitivity.kv_offsets(model, corpus)
+    k_share, v_share = keys.bias_share(BIAS_RATIO), values.bias_share(BIAS_RATIO)
+    k_energy, v_energy = keys.offset_energy(), values.offset_energy()
+    diagnosis.kv_offsets = [
+        KvHeadOffsets(layer=layer, head=head, k_bias_share=float(k_share[layer, head]),
+                      v_bias_share=float(v_share[layer, head]),
+                      k_offset_energy=float(k_energy[layer, head]),
+                      v_offset_energy=float(v_energy[layer, head]))
+        for layer in range(model.layers) for head in range(model.kv_heads)]
+    groups = sensitivity.kv_groups(model.layers, model.kv_heads)
+    per_layer: dict[int, float] = {}
+    for group in groups:
+        with sensitivity.kv_quantized(model, group, fmt):
+            kl = sensitivity.kl_per_position(model, corpus)
+        sweep = "kv" if len(group.layers) > 1 else "kv_layer"
+        diagnosis.costs.append(cost(group.name, sweep, kl))
+        if sweep == "kv_layer":
+            per_layer[group.layers[0]] = max(per_layer.get(group.layers[0], 0.0), float(kl.mean()))
+        say(f"{diagnosis.stage}: {group.name}: KL {kl.mean():.4f} "
+            f"({time.monotonic() - started:.0f}s)")
+    costly = sorted(per_layer, key=per_layer.get, reverse=True)[:KV_HEAD_LAYERS]
+    for group in sensitivity.kv_groups(model.layers, model.kv_heads, sorted(costly)):
+        if group.head is None:
+            continue
+        with sensitivity.kv_quantized(model, group, fmt):
+            kl = sensitivity.kl_per_position(model, corpus)
+        diagnosis.costs.append(cost(group.name, "kv_head", kl))
+
+
+def diagnose_failed(results_dir: Path, verdict: Verdict, records: list[StageRecord],
+                    policy: GatePolicy, **options) -> list[Diagnosis]:
+    """The flow's hook on a rollback: each failed stage diagnosed, one that cannot be (no
+    checkpoint here, no corpus) logged with its reason and left out: the verdict stands."""
+    found = []
+    for record in records:
+        rules = failed_rules(verdict, record.name) if record.parent else []
+        if not rules:
+            continue
+        try:
+            found.append(diagnose_stage(results_dir, record.name, records, policy, rules,
+                                        **options))
+        except QuantgateError as err:
+            log.warning("no diagnosis of stage %s: %s", record.name, err)
+    return found
+
+
+def diagnose_run(results_dir: Path, stage: str | None = None, **options) -> list[Diagnosis]:
+    """Every stage of a stored run that failed a quality or divergence rule (or `stage`)."""
+    verdict, records, policy, names = stages_to_diagnose(results_dir, stage)
+    return [diagnose_stage(results_dir, name, records, policy, failed_rules(verdict, name),
+                           **options) for name in names]

@@ -1,0 +1,189 @@
+"""A failed stage's diagnosis as stored (diagnosis.json beside its stage.json), and what it says.
+
+flows/diagnose.py measures it (infra.sensitivity, offline in torch) and writes it; the report reads
+it from the run folder: the gates never run a model. Every figure carries its interval (the one
+block bootstrap, gates.stats) so the sentences below never rank two groups the data cannot tell apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from infra.stored import StoredRecordError
+
+FILE = "diagnosis.json"
+SCHEMA_VERSION = 1
+# Rules whose failure a diagnosis explains: what the stage's numbers say about its quality.
+DIAGNOSED_RULES = ("quality.", "divergence.", "perplexity.")
+# A dimension "carries a constant bias" when its |mean| over the corpus exceeds this many stds.
+BIAS_RATIO = 3.0
+# A layer whose K or V has at least this share of such dimensions is named in the summary.
+BIAS_SHARE = 0.25
+
+
+class GroupCost(BaseModel):
+    """One group fake-quantized alone: its mean KL per scored token and interval."""
+
+    name: str = Field(description="e.g. 'layer 3', 'layers 0-9', 'down_proj', 'K layer 0', "
+                      "'K layer 0 head 2'.")
+    sweep: str = Field(description="'all', 'layer', 'module', 'layer_module' (one kind of one "
+                       "of the costliest layer groups), 'kv', 'kv_layer' or 'kv_head'.")
+    mean_kl: float
+    ci_low: float
+    ci_high: float
+
+
+class KvHeadOffsets(BaseModel):
+    """Seed 000's statistic for one layer and KV head: how much of K and V is a constant offset."""
+
+    layer: int
+    head: int
+    k_bias_share: float = Field(description=f"Share of dimensions with |mean| > {BIAS_RATIO} std.")
+    v_bias_share: float
+    k_offset_energy: float = Field(description="sum mean^2 / sum (mean^2 + std^2) over dims.")
+    v_offset_energy: float
+
+
+class Diagnosis(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    stage: str
+    parent: str
+    failed_rules: list[str]
+    checkpoint: str = Field(description="The unquantized checkpoint loaded (the baseline's).")
+    reference: str = Field(description="What every KL is measured against.")
+    emulated: dict[str, str] = Field(description="Axis -> the stage's format fake-quantized.")
+    kl: str = Field(default="full-vocabulary KL(reference || group quantized), nats per scored "
+                    "token (the gates' divergence.kl is a top-k coarsened lower bound of it)")
+    interval: str = ""
+    sequences: int = 0
+    tokens: int = Field(0, description="Tokens forwarded per group.")
+    scored_tokens: int = 0
+    costs: list[GroupCost] = Field(default_factory=list)
+    kv_offsets: list[KvHeadOffsets] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list, description="What could not be emulated, why.")
+    seconds: float = 0.0
+    threads: int = 1
+    forwards: int = 0
+
+    def sweep(self, name: str) -> list[GroupCost]:
+        return [cost for cost in self.costs if cost.sweep == name]
+
+    def save(self, stage_dir: Path) -> Path:
+        path = stage_dir / FILE
+        path.write_text(self.model_dump_json(indent=1))
+        return path
+
+
+def read_diagnosis(stage_dir: Path) -> Diagnosis | None:
+    path = stage_dir / FILE
+    if not path.is_file():
+        return None
+    try:
+        return Diagnosis.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        raise StoredRecordError(f"{path}: not a diagnosis quantgate wrote ({exc}); run "
+                                "`quantgate diagnose` again") from exc
+
+
+def read_diagnoses(results_dir: Path, stages: list[str]) -> dict[str, Diagnosis]:
+    found = {name: read_diagnosis(results_dir / name) for name in stages}
+    return {name: diagnosis for name, diagnosis in found.items() if diagnosis is not None}
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _ranked(costs: list[GroupCost], top: int) -> str:
+    total = sum(cost.mean_kl for cost in costs) or 1.0
+    ranked = sorted(costs, key=lambda cost: cost.mean_kl, reverse=True)[:top]
+    return ", ".join(f"{c.name} {c.mean_kl:.4f} [{c.ci_low:.4f}, {c.ci_high:.4f}] "
+                     f"({c.mean_kl / total:.0%})" for c in ranked)
+
+
+def _separated(costs: list[GroupCost]) -> list[GroupCost]:
+    """The groups whose low bound exceeds the median group's high bound: they stand out from
+    the rest by more than the corpus's noise."""
+    if len(costs) < 3:
+        return []
+    highs = sorted(cost.ci_high for cost in costs)
+    median_high = highs[len(highs) // 2]
+    return [cost for cost in costs if cost.ci_low > median_high]
+
+
+def summary(diagnosis: Diagnosis) -> list[str]:
+    """Sentences for the rollback section, each with its numbers."""
+    lines = []
+    everything = diagnosis.sweep("all")
+    if everything:
+        whole = everything[0]
+        lines.append(f"All groups quantized at once: KL {whole.mean_kl:.4f} "
+                     f"[{whole.ci_low:.4f}, {whole.ci_high:.4f}] nats/token (full vocabulary).")
+    layers, modules = diagnosis.sweep("layer"), diagnosis.sweep("module")
+    if layers:
+        lines.append(f"Per layer group (share of the summed per-group KL): {_ranked(layers, 5)}.")
+        standing_out = _separated(layers)
+        if standing_out:
+            lines.append("Layers whose loss stands out (low bound above the median group's high "
+                         "bound): " + ", ".join(cost.name for cost in standing_out)
+                         + ": keeping them in higher precision is the first repair to try.")
+    if modules:
+        lines.append(f"Per module kind across all layers: {_ranked(modules, 7)}.")
+    inside = diagnosis.sweep("layer_module")
+    for layer in dict.fromkeys(cost.name.rsplit(" ", 1)[0] for cost in inside):
+        kinds = [c.model_copy(update={"name": c.name.rsplit(" ", 1)[1]}) for c in inside
+                 if c.name.rsplit(" ", 1)[0] == layer]
+        lines.append(f"Within {layer}, per module kind: {_ranked(kinds, 3)}.")
+    kv = {cost.name: cost for cost in diagnosis.sweep("kv")}
+    keys, values = kv.get("K all layers"), kv.get("V all layers")
+    if keys and values:
+        which = ("K" if keys.ci_low > values.ci_high else "V" if values.ci_low > keys.ci_high
+                 else None)
+        lines.append(f"KV cache: K alone {keys.mean_kl:.4f} [{keys.ci_low:.4f}, {keys.ci_high:.4f}]"
+                     f", V alone {values.mean_kl:.4f} [{values.ci_low:.4f}, {values.ci_high:.4f}]"
+                     + (f": {which} carries the loss." if which else
+                        ": the corpus cannot tell which carries more."))
+        per_layer = diagnosis.sweep("kv_layer")
+        if per_layer:
+            lines.append(f"Per layer: {_ranked(per_layer, 4)}.")
+        per_head = diagnosis.sweep("kv_head")
+        if per_head:
+            lines.append(f"Per KV head in the costliest layers: {_ranked(per_head, 3)}.")
+    if diagnosis.kv_offsets:
+        energy = {tensor: sorted(getattr(row, f"{tensor}_offset_energy")
+                                 for row in diagnosis.kv_offsets) for tensor in ("k", "v")}
+        lines.append(
+            "Constant offsets carry " + " and ".join(
+                f"{values[len(values) // 2]:.0%} of {tensor.upper()}'s mean square (median head; "
+                f"{values[0]:.0%}–{values[-1]:.0%})" for tensor, values in energy.items())
+            + ": what one per-tensor FP8 scale must span besides the signal.")
+        for tensor in ("k", "v"):
+            shares: dict[int, float] = {}
+            for row in diagnosis.kv_offsets:
+                share = getattr(row, f"{tensor}_bias_share")
+                shares[row.layer] = max(shares.get(row.layer, 0.0), share)
+            biased = [layer for layer, share in shares.items() if share >= BIAS_SHARE]
+            name = tensor.upper()
+            if biased:
+                lines.append(
+                    f"{name} in layer{'s' * (len(biased) > 1)} {_ranges(biased)} carries a "
+                    "constant bias (in some head, "
+                    f">= {BIAS_SHARE:.0%} of dimensions have |mean| > {BIAS_RATIO:g} std across "
+                    f"tokens, up to {max(shares[layer] for layer in biased):.0%}): a per-tensor "
+                    "FP8 scale spends its precision on the offset and drowns the signal; per-head "
+                    "or per-channel scales with a zero point keep it.")
+            else:
+                lines.append(f"{name}: no layer has >= {BIAS_SHARE:.0%} of a head's dimensions "
+                             f"with |mean| > {BIAS_RATIO:g} std (no constant bias to drown the "
+                             f"signal; max {max(shares.values()):.0%}).")
+    lines += [f"Skipped: {reason}" for reason in diagnosis.skipped]
+    return lines

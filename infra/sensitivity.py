@@ -1,0 +1,409 @@
+"""Where a quantized model's loss comes from: one group at a time fake-quantized in torch, per-token KL.
+
+Offline and on the CPU: the unquantized checkpoint is loaded with transformers (float32), one group
+of linear layers (a decoder layer, or one module kind across all layers) gets the stage's own
+format by fake quantization (quantize then dequantize with the real rounding: round to nearest,
+ties to even as torch.round, scales absmax / qmax per tensor, channel or group), and each scored
+position's full-vocabulary KL(reference || quantized) is kept. The KV cache is fake-quantized where
+vLLM stores it: K after RoPE and V, per attention layer, through an attention function registered
+with transformers. Nothing here knows of stages, verdicts or intervals: flows/diagnose.py decides
+what to measure and gates/ judges; this file returns per-position values.
+
+Cost: one forward of the corpus per group, linear in corpus tokens, groups and parameters.
+SmolLM2-135M in float32 on one thread (a 2-core box shared with other work), 1,016 tokens: load
+and reference ~15 s, then ~4-6 s per group; W4A16 g64 (1 all-at-once + 30 layers + 7 kinds +
+2 x 7 kinds in the costliest layers = 52 groups) took 351 s, FP8 KV (K / V all layers, per layer,
+per head in two layers = 74 groups) 487 s. A 7B model is ~50x the parameters: hours on a CPU, so
+shorten the corpus or group layers (`layer_group`) there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from infra.errors import MeasurementError
+
+MODULE_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+ATTENTION_NAME = "quantgate_kv_fake_quant"
+
+
+class NotEmulated(MeasurementError):  # noqa: N818 - reads as the reason a diagnosis skips
+    """A format this module cannot fake-quantize (the diagnosis is skipped with this reason)."""
+
+
+@dataclass(frozen=True)
+class TensorFormat:
+    """One quantization format as the stage's axes name it ('int4/group64', 'float8/channel')."""
+
+    kind: str  # "int" or "float8"
+    bits: int
+    strategy: str  # "tensor", "channel" (per output row / per token), "group"
+    group_size: int | None = None
+    symmetric: bool = True
+    dynamic: bool = True  # activations: scales per forward (static ones are emulated as dynamic)
+
+    @property
+    def qmax(self) -> float:
+        return float(2 ** (self.bits - 1) - 1)
+
+
+def parse_format(axis: str) -> TensorFormat:
+    """A weights or activations axis as flows.axes writes it; NotEmulated names what is not."""
+    parts = axis.split("/")
+    head = re.fullmatch(r"(int|float)(\d+)", parts[0])
+    if not head or len(parts) < 2:
+        raise NotEmulated(f"format {axis!r} cannot be fake-quantized here (known: int<bits>/"
+                          "tensor|channel|group<N>|token[/asym], float8/tensor|channel|token)")
+    kind, bits = head.group(1), int(head.group(2))
+    if kind == "float" and bits != 8:
+        raise NotEmulated(f"format {axis!r}: only 8-bit floats (E4M3) are emulated here")
+    strategy, group = parts[1], None
+    if strategy.startswith("group") and strategy[5:].isdigit():
+        strategy, group = "group", int(strategy[5:])
+    elif strategy == "token":
+        strategy = "channel"  # the last dimension reduced: one scale per row (token)
+    elif strategy not in ("tensor", "channel"):
+        raise NotEmulated(f"format {axis!r}: strategy {parts[1]!r} is not emulated here (block, "
+                          "mx and nv formats need their own scale layout)")
+    return TensorFormat("int" if kind == "int" else "float8", bits, strategy, group,
+                        symmetric="asym" not in parts[2:], dynamic="static" not in parts[2:])
+
+
+def fake_quantize(tensor, fmt: TensorFormat):
+    """Quantize then dequantize along the last dimension (a weight's input features, an
+    activation's features), as compressed-tensors' quantize / dequantize do."""
+    import torch
+
+    original_shape, x = tensor.shape, tensor.float()
+    if fmt.strategy == "group":
+        if x.shape[-1] % fmt.group_size:
+            return tensor  # llmcompressor leaves such layers unquantized (infra.formats)
+        x = x.reshape(*x.shape[:-1], x.shape[-1] // fmt.group_size, fmt.group_size)
+    dims = tuple(range(x.dim())) if fmt.strategy == "tensor" else (-1,)
+    tiny = torch.finfo(torch.float32).tiny
+    if fmt.kind == "float8":
+        scale = (x.abs().amax(dim=dims, keepdim=True) / FP8_MAX["float8_e4m3fn"]).clamp(min=tiny)
+        out = (x / scale).to(torch.float8_e4m3fn).float() * scale
+    elif fmt.symmetric:
+        scale = (x.abs().amax(dim=dims, keepdim=True) / fmt.qmax).clamp(min=tiny)
+        out = torch.clamp(torch.round(x / scale), -fmt.qmax - 1, fmt.qmax) * scale
+    else:
+        levels = 2 ** fmt.bits - 1
+        low = x.amin(dim=dims, keepdim=True).clamp(max=0)
+        high = x.amax(dim=dims, keepdim=True).clamp(min=0)
+        scale = ((high - low) / levels).clamp(min=tiny)
+        zero = torch.round(-low / scale)
+        out = (torch.clamp(torch.round(x / scale) + zero, 0, levels) - zero) * scale
+    return out.reshape(original_shape).to(tensor.dtype)
+
+
+def fp8_round_trip(tensor, scale: float | None = None, dtype: str = "float8_e4m3fn"):
+    """A KV-cache tensor through FP8 with one per-tensor scale: `scale` as given (vLLM's
+    uncalibrated default is 1.0) or, when None, absmax / the format's max. Values beyond the
+    format's range saturate (a plain cast would give NaN)."""
+    import torch
+
+    limit = FP8_MAX[dtype]
+    x = tensor.float()
+    if scale is None:
+        scale = max(float(x.abs().max()) / limit, torch.finfo(torch.float32).tiny)
+    quantized = torch.clamp(x / scale, -limit, limit).to(getattr(torch, dtype))
+    return (quantized.float() * scale).to(tensor.dtype)
+
+
+@dataclass(frozen=True)
+class KvFormat:
+    dtype: str  # torch float8 dtype name
+    scale: float | None  # None: per-tensor absmax (a calibrated scale), else this constant
+
+
+def parse_kv(axis: str) -> KvFormat:
+    calibrated = axis.endswith("/calibrated")
+    name = axis.removesuffix("/calibrated")
+    dtypes = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+    if name not in dtypes:
+        raise NotEmulated(f"KV cache format {axis!r} is not emulated here (known: "
+                          f"{', '.join(dtypes)}, with /calibrated)")
+    # Calibrated scales are emulated as each tensor's own absmax: the best a calibration can do.
+    return KvFormat(dtypes[name], None if calibrated else 1.0)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Linear modules quantized together: these decoder layers' modules of these kinds."""
+
+    name: str
+    layers: tuple[int, ...]
+    kinds: tuple[str, ...] = MODULE_KINDS
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    """KV-cache tensors quantized together: K and/or V of these layers (all heads, or one)."""
+
+    name: str
+    layers: tuple[int, ...]
+    keys: bool
+    values: bool
+    head: int | None = None
+
+
+def sweep_groups(layers: int, layer_group: int = 1) -> list[Group]:
+    """Each block of `layer_group` decoder layers (all kinds), then each kind across all layers."""
+    groups = [Group(f"layer {start}" if layer_group == 1 else
+                    f"layers {start}-{min(start + layer_group, layers) - 1}",
+                    tuple(range(start, min(start + layer_group, layers))))
+              for start in range(0, layers, layer_group)]
+    return groups + [Group(kind, tuple(range(layers)), (kind,)) for kind in MODULE_KINDS]
+
+
+def kv_groups(layers: int, heads: int, per_head_layers: Sequence[int] = ()) -> list[KvGroup]:
+    """K alone and V alone over all layers, per layer, and per head in `per_head_layers`."""
+    everything = tuple(range(layers))
+    groups = [KvGroup("K all layers", everything, True, False),
+              KvGroup("V all layers", everything, False, True)]
+    for layer in range(layers):
+        groups += [KvGroup(f"K layer {layer}", (layer,), True, False),
+                   KvGroup(f"V layer {layer}", (layer,), False, True)]
+    for layer in per_head_layers:
+        for head in range(heads):
+            groups += [KvGroup(f"K layer {layer} head {head}", (layer,), True, False, head),
+                       KvGroup(f"V layer {layer} head {head}", (layer,), False, True, head)]
+    return groups
+
+
+@dataclass
+class Corpus:
+    """Token sequences and, per sequence, the scored spans [start, end): position p scores token p."""
+
+    sequences: list[list[int]]
+    spans: list[list[tuple[int, int]]]
+
+    @property
+    def span_tokens(self) -> list[int]:
+        return [end - start for spans in self.spans for start, end in spans]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+
+def take(corpus: Corpus, max_tokens: int, seed: int = 0) -> Corpus:
+    """Whole sequences drawn in a fixed random order until `max_tokens` forwarded tokens: a
+    sample of every part of the corpus, not its first texts."""
+    order = np.random.default_rng(seed).permutation(len(corpus.sequences))
+    kept, total = [], 0
+    for index in order:
+        size = len(corpus.sequences[index])
+        if total + size > max_tokens and kept:
+            continue
+        kept.append(int(index))
+        total += size
+    kept.sort()
+    return Corpus([corpus.sequences[i] for i in kept], [corpus.spans[i] for i in kept])
+
+
+@dataclass
+class Model:
+    """A causal LM loaded once for the sweep, with its reference log-probabilities cached."""
+
+    module: object
+    layers: int
+    kv_heads: int
+    reference: list = field(default_factory=list)  # per sequence: (scored, vocab) log-probs
+
+
+def load_model(checkpoint: Path | str, threads: int | None = None) -> Model:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        module = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise MeasurementError(f"diagnosis: cannot load the checkpoint {checkpoint}: {exc}") from exc
+    return wrap(module)
+
+
+def wrap(module) -> Model:
+    _register_attention()
+    module.eval()
+    config = module.config
+    module.config._attn_implementation = ATTENTION_NAME
+    return Model(module, config.num_hidden_layers, config.num_key_value_heads)
+
+
+def _linears(model: Model, group: Group) -> Iterator:
+    for index in group.layers:
+        layer = model.module.model.layers[index]
+        for kind in group.kinds:
+            parent = layer.self_attn if kind in MODULE_KINDS[:4] else layer.mlp
+            yield getattr(parent, kind)
+
+
+@contextlib.contextmanager
+def quantized(model: Model, group: Group, weights: TensorFormat | None,
+              activations: TensorFormat | None = None) -> Iterator[None]:
+    """The group's weights fake-quantized (restored after) and its inputs quantized per forward."""
+    import torch
+
+    saved, hooks = [], []
+    with torch.no_grad():
+        for linear in _linears(model, group):
+            if weights is not None:
+                saved.append((linear, linear.weight.data.clone()))
+                linear.weight.data = fake_quantize(linear.weight.data, weights)
+            if activations is not None:
+                hooks.append(linear.register_forward_pre_hook(
+                    lambda _, args: (fake_quantize(args[0], activations), *args[1:])))
+    try:
+        yield
+    finally:
+        for linear, weight in saved:
+            linear.weight.data = weight
+        for hook in hooks:
+            hook.remove()
+
+
+# The attention function reads what to do to K and V from the attention module itself.
+_KV_ATTR = "_quantgate_kv"
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, *args, **kwargs):
+        plan = getattr(module, _KV_ATTR, None)
+        if plan is not None:
+            key, value = plan(key, value)
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+    AttentionInterface.register(ATTENTION_NAME, attention)
+
+
+def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
+    """K / V (batch, kv_heads, positions, head_dim) through FP8, one scale per tensor: a whole
+    layer's cache, or one head's slice of it quantized with that tensor's scale."""
+    def round_trip(tensor):
+        if group.head is None:
+            return fp8_round_trip(tensor, fmt.scale, fmt.dtype)
+        out = tensor.clone()
+        scale = fmt.scale
+        if scale is None:
+            scale = float(tensor.abs().max()) / FP8_MAX[fmt.dtype]
+        out[:, group.head] = fp8_round_trip(tensor[:, group.head], scale, fmt.dtype)
+        return out
+
+    def plan(key, value):
+        return (round_trip(key) if group.keys else key,
+                round_trip(value) if group.values else value)
+
+    return plan
+
+
+@contextlib.contextmanager
+def kv_quantized(model: Model, group: KvGroup, fmt: KvFormat) -> Iterator[None]:
+    attentions = [model.module.model.layers[i].self_attn for i in group.layers]
+    before = [getattr(attention, _KV_ATTR, None) for attention in attentions]
+    for attention in attentions:
+        setattr(attention, _KV_ATTR, _kv_plan(group, fmt))
+    try:
+        yield
+    finally:  # a plan held around this one (the parent's cache format) comes back
+        for attention, plan in zip(attentions, before, strict=True):
+            setattr(attention, _KV_ATTR, plan)
+
+
+def _scored_logprobs(model: Model, sequence: list[int], spans: list[tuple[int, int]]):
+    import torch
+
+    with torch.no_grad():
+        logits = model.module(torch.tensor([sequence])).logits[0]
+        rows = torch.cat([torch.arange(start - 1, end - 1) for start, end in spans])
+        return torch.log_softmax(logits[rows].float(), dim=-1)
+
+
+def reference(model: Model, corpus: Corpus) -> None:
+    """The unquantized (or parent-emulated) log-probabilities every group is compared with:
+    4 bytes x vocabulary per scored position (~200 MB for 1,000 positions of a 49k vocabulary)."""
+    model.reference = [_scored_logprobs(model, seq, spans)
+                       for seq, spans in zip(corpus.sequences, corpus.spans, strict=True)]
+
+
+def kl_per_position(model: Model, corpus: Corpus) -> np.ndarray:
+    """Full-vocabulary KL(reference || current model) in nats at every scored position, in the
+    corpus's span order (what gates.stats.block_bootstrap takes with `corpus.span_tokens`)."""
+    import torch
+
+    if len(model.reference) != len(corpus.sequences):
+        raise MeasurementError("diagnosis: reference log-probabilities missing; call reference()")
+    out = []
+    for ref, seq, spans in zip(model.reference, corpus.sequences, corpus.spans, strict=True):
+        current = _scored_logprobs(model, seq, spans)
+        out.append(torch.sum(ref.exp() * (ref - current), dim=-1).clamp(min=0).numpy())
+    return np.concatenate(out).astype(float)
+
+
+@dataclass
+class Offsets:
+    """Per layer and KV head, each dimension's |mean| and std across the corpus's tokens."""
+
+    mean: np.ndarray  # (layers, kv_heads, head_dim)
+    std: np.ndarray
+
+    def bias_share(self, ratio: float = 3.0) -> np.ndarray:
+        """(layers, kv_heads): share of dimensions whose |mean| exceeds `ratio` x their std."""
+        return (np.abs(self.mean) > ratio * self.std).mean(axis=-1)
+
+    def offset_energy(self) -> np.ndarray:
+        """(layers, kv_heads): share of the mean square carried by the constant offsets."""
+        square = self.mean ** 2
+        return square.sum(-1) / np.maximum((square + self.std ** 2).sum(-1), 1e-30)
+
+
+def kv_offsets(model: Model, corpus: Corpus) -> tuple[Offsets, Offsets]:
+    """Seed 000's statistic for K and V (k_proj / v_proj outputs, before RoPE: RoPE turns a
+    constant offset into one that rotates with the position, the same magnitude per pair)."""
+    import torch
+
+    layers = model.module.model.layers
+    head_dim = model.module.config.head_dim if getattr(model.module.config, "head_dim", None) \
+        else model.module.config.hidden_size // model.module.config.num_attention_heads
+    sums = {name: torch.zeros(len(layers), model.kv_heads, head_dim, dtype=torch.float64)
+            for name in ("k1", "k2", "v1", "v2")}
+    count = [0]
+
+    def hook(index: int, which: str):
+        def record(_, __, output):
+            x = output[0].double().reshape(-1, model.kv_heads, head_dim)
+            sums[which + "1"][index] += x.sum(0)
+            sums[which + "2"][index] += (x ** 2).sum(0)
+            if which == "k" and index == 0:
+                count[0] += x.shape[0]
+        return record
+
+    handles = [h for i, layer in enumerate(layers) for h in (
+        layer.self_attn.k_proj.register_forward_hook(hook(i, "k")),
+        layer.self_attn.v_proj.register_forward_hook(hook(i, "v")))]
+    try:
+        with torch.no_grad():
+            for seq in corpus.sequences:
+                model.module(torch.tensor([seq]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    out = []
+    for which in ("k", "v"):
+        mean = sums[which + "1"] / count[0]
+        var = (sums[which + "2"] / count[0] - mean ** 2).clamp(min=0)
+        out.append(Offsets(mean.numpy(), var.sqrt().numpy()))
+    return out[0], out[1]

@@ -1,0 +1,132 @@
+"""quantgate diagnose on a stored run: a tiny Llama checkpoint, a stored scoring corpus, diagnosis.json."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from evalsets.token_corpus import ScoredSequence, ScoringCorpus, Span  # noqa: E402
+from flows.diagnose import diagnose_stage  # noqa: E402
+from gates.diagnosis import read_diagnosis  # noqa: E402
+from gates.policy import GatePolicy  # noqa: E402
+from tests.gates.records import UNQUANTIZED, record  # noqa: E402
+
+torch.set_num_threads(1)
+SCORES = [1.0, 0.0] * 10
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=256)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(4.0)
+    folder = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(folder)
+    return folder
+
+
+def _run(tmp_path, stage: str, axes: dict[str, str], kind: str):
+    records = [record("baseline", None, SCORES), record(stage, "baseline", SCORES, kind=kind,
+                                                        axes=UNQUANTIZED | axes)]
+    rng = np.random.default_rng(0)
+    sequences = [ScoredSequence(name=f"text{i}", token_ids=rng.integers(0, 96, 70).tolist(),
+                                spans=[Span(name=f"text{i}", start=1, end=70)]) for i in range(4)]
+    ScoringCorpus(source="test", chat_template=False, sequences=sequences).save(
+        tmp_path / stage / "quality")
+    return records
+
+
+def test_a_weights_stage_is_diagnosed_per_layer_and_kind(tmp_path, checkpoint):
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    found = diagnose_stage(tmp_path, "w4", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=200)
+    stored = read_diagnosis(tmp_path / "w4")
+    assert stored == found and stored.emulated == {"weights": "int4/group16"}
+    assert [c.name for c in stored.sweep("layer")] == ["layer 0", "layer 1"]
+    assert len(stored.sweep("module")) == 7 and stored.sweep("all")[0].mean_kl > 0
+    costliest = max(stored.sweep("layer"), key=lambda c: c.mean_kl).name
+    assert [c.name for c in stored.sweep("layer_module")][:2] == [f"{costliest} q_proj",
+                                                                   f"{costliest} k_proj"]
+    assert len(stored.sweep("layer_module")) == 14
+    assert stored.tokens == 140 and stored.scored_tokens == 138  # two of the four texts
+    for cost in stored.costs:
+        assert cost.ci_low <= cost.mean_kl <= cost.ci_high
+
+
+def test_a_kv_stage_is_diagnosed_k_apart_from_v_with_the_offsets(tmp_path, checkpoint):
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3/calibrated"}, "kv_cache")
+    found = diagnose_stage(tmp_path, "kv", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    names = [c.name for c in found.sweep("kv")]
+    assert names == ["K all layers", "V all layers"]
+    assert len(found.sweep("kv_layer")) == 4 and len(found.sweep("kv_head")) == 8
+    assert len(found.kv_offsets) == 4 and not found.sweep("layer")
+
+
+def test_a_format_that_cannot_be_emulated_is_skipped_with_its_reason(tmp_path, checkpoint):
+    records = _run(tmp_path, "mx", {"weights": "mxfp4/group32"}, "weights")
+    found = diagnose_stage(tmp_path, "mx", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint)
+    assert not found.costs and "mxfp4/group32" in found.skipped[0]
+    assert read_diagnosis(tmp_path / "mx").skipped == found.skipped
+
+
+def test_the_cli_diagnoses_the_failed_stage_and_gate_report_shows_it(tmp_path, checkpoint):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from gates.record import RunManifest
+
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    records[1] = record("w4", "baseline", SCORES, kl=0.5, top1=0.6,
+                        axes=UNQUANTIZED | {"weights": "int4/group16"})
+    for stored in records:
+        stored.save(tmp_path / stored.name)
+    RunManifest(candidate="c", stages=["baseline", "w4"]).save(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["diagnose", str(tmp_path), "--checkpoint", str(checkpoint),
+                                 "--max-tokens", "150"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "w4 (failed: " in result.output and "divergence.kl" in result.output
+    assert "Per module kind across all layers" in result.output
+    assert (tmp_path / "w4" / "diagnosis.json").is_file()
+    report = tmp_path / "report"
+    result = runner.invoke(app, ["gate", str(tmp_path), "--report", str(report)])
+    assert 'id="diagnosis"' in (report / "report.html").read_text(), result.output
+    missing = runner.invoke(app, ["diagnose", str(tmp_path), "--stage", "w5"])
+    assert missing.exit_code == 2 and "valid: baseline, w4" in missing.output
+
+
+def test_the_flow_hook_logs_a_stage_it_cannot_diagnose_and_keeps_going(tmp_path, caplog):
+    from flows.diagnose import diagnose_failed
+    from gates.decide import decide
+
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    records[1] = record("w4", "baseline", SCORES, kl=0.5, top1=0.6,
+                        axes=UNQUANTIZED | {"weights": "int4/group16"})
+    records[0].facts.model = str(tmp_path / "gone")  # the baseline's checkpoint is not here
+    verdict = decide("c", records, GatePolicy())
+    assert verdict.decision == "rollback"
+    assert diagnose_failed(tmp_path, verdict, records, GatePolicy()) == []
+    assert "no diagnosis of stage w4" in caplog.text and "--checkpoint" in caplog.text
+
+
+def test_an_activations_stage_is_measured_over_its_parent_s_emulated_weights(tmp_path, checkpoint):
+    weights = {"weights": "int8/channel"}
+    records = _run(tmp_path, "a8", weights | {"activations": "int8/token/dynamic"}, "activations")
+    records.insert(1, record("w8", "baseline", SCORES, axes=UNQUANTIZED | weights))
+    records[2].parent = "w8"
+    found = diagnose_stage(tmp_path, "a8", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    assert found.emulated == {"activations": "int8/token/dynamic"}
+    assert "parent's (w8) axes emulated: weights=int8/channel" in found.reference
+    assert found.sweep("all")[0].mean_kl > 0 and len(found.sweep("layer")) == 2

@@ -1,0 +1,85 @@
+"""The report's rollback section and sensitivity chart: shown from diagnosis.json, absent without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gates.decide import decide
+from gates.diagnosis import Diagnosis, GroupCost, KvHeadOffsets, read_diagnoses, summary
+from gates.policy import GatePolicy
+from gates.report import write_report
+from tests.gates.records import chain
+
+
+def diagnosis(stage: str = "a8") -> Diagnosis:
+    costs = [GroupCost(name="all", sweep="all", mean_kl=0.30, ci_low=0.25, ci_high=0.36)]
+    costs += [GroupCost(name=f"layers {i}", sweep="layer", mean_kl=kl, ci_low=kl * 0.8,
+                        ci_high=kl * 1.2) for i, kl in enumerate((0.20, 0.01, 0.012, 0.011))]
+    costs += [GroupCost(name=kind, sweep="module", mean_kl=kl, ci_low=kl * 0.8, ci_high=kl * 1.2)
+              for kind, kl in (("q_proj", 0.01), ("down_proj", 0.15))]
+    costs += [GroupCost(name=f"layers 0 {kind}", sweep="layer_module", mean_kl=kl, ci_low=kl * 0.8,
+                        ci_high=kl * 1.2) for kind, kl in (("q_proj", 0.01), ("down_proj", 0.12))]
+    costs += [GroupCost(name="K all layers", sweep="kv", mean_kl=0.05, ci_low=0.04, ci_high=0.06),
+              GroupCost(name="V all layers", sweep="kv", mean_kl=0.002, ci_low=0.001,
+                        ci_high=0.003)]
+    costs += [GroupCost(name=f"{t} layer {i}", sweep="kv_layer", mean_kl=kl, ci_low=kl, ci_high=kl)
+              for i in range(4) for t, kl in (("K", 0.01 * (4 - i)), ("V", 0.001))]
+    costs += [GroupCost(name=f"K layer 0 head {h}", sweep="kv_head", mean_kl=kl, ci_low=kl,
+                        ci_high=kl) for h, kl in ((0, 0.002), (1, 0.03))]
+    offsets = [KvHeadOffsets(layer=layer, head=head, k_bias_share=0.6 if layer < 3 else 0.0,
+                             v_bias_share=0.0, k_offset_energy=0.9, v_offset_energy=0.1)
+               for layer in range(4) for head in range(2)]
+    return Diagnosis(stage=stage, parent="w8", failed_rules=["divergence.kl"],
+                     checkpoint="/models/bf16", reference="the parent", emulated={
+                         "activations": "int8/token/dynamic"}, costs=costs, kv_offsets=offsets,
+                     interval="95% CI", sequences=3, tokens=900, scored_tokens=800, seconds=61.0,
+                     forwards=len(costs))
+
+
+def test_summary_names_the_costly_layers_kinds_and_the_biased_k():
+    lines = summary(diagnosis())
+    text = "\n".join(lines)
+    assert "layers 0 0.2000 [0.1600, 0.2400]" in text
+    assert "stands out" in text and "layers 0:" in text
+    assert text.index("down_proj") < text.index("q_proj")
+    assert "Within layers 0, per module kind: down_proj 0.1200" in text
+    assert "K carries the loss" in text
+    assert "K in layers 0–2 carries a constant bias" in text
+    assert "V: no layer" in text
+    assert "Per KV head in the costliest layers: K layer 0 head 1 0.0300" in text
+    assert "Constant offsets carry 90% of K's mean square" in text
+
+
+def test_report_shows_the_rollback_section_and_chart_when_a_diagnosis_is_stored(tmp_path):
+    records = chain()
+    (tmp_path / "run" / "a8").mkdir(parents=True)
+    diagnosis().save(tmp_path / "run" / "a8")
+    found = read_diagnoses(tmp_path / "run", [r.name for r in records])
+    assert list(found) == ["a8"]
+    verdict = decide("demo", records, GatePolicy())
+    paths = write_report(verdict, records, tmp_path / "report", diagnoses=found)
+    assert paths["sensitivity"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html, md = paths["html"].read_text(), paths["md"].read_text()
+    assert 'id="diagnosis"' in html and 'id="sensitivity"' in html
+    assert "K in layers 0–2 carries a constant bias" in html
+    assert "## Rollback diagnosis" in md and "![sensitivity](sensitivity.png)" in md
+    assert "61 s on 1 thread" in md
+
+
+def test_report_leaves_the_section_out_without_a_diagnosis(tmp_path):
+    records = chain()
+    assert read_diagnoses(tmp_path, [r.name for r in records]) == {}
+    verdict = decide("demo", records, GatePolicy())
+    paths = write_report(verdict, records, tmp_path / "report")
+    assert "sensitivity" not in paths and not (tmp_path / "report" / "sensitivity.png").exists()
+    assert 'id="diagnosis"' not in paths["html"].read_text()
+    assert "Rollback diagnosis" not in paths["md"].read_text()
+
+
+def test_a_damaged_diagnosis_is_refused_with_its_path(tmp_path):
+    from infra.stored import StoredRecordError
+
+    (tmp_path / "a8").mkdir()
+    (tmp_path / "a8" / "diagnosis.json").write_text('{"stage": 3}')
+    with pytest.raises(StoredRecordError, match="diagnosis.json"):
+        read_diagnoses(tmp_path, ["a8"])

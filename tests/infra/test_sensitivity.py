@@ -1,0 +1,146 @@
+"""The fake quantizers round as the real ones do; per-group KL and the K-offset statistic on a tiny Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from infra import sensitivity  # noqa: E402
+from infra.sensitivity import Group, KvGroup, NotEmulated, TensorFormat  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_int4_group_rounds_to_nearest_with_absmax_scales():
+    weight = torch.tensor([[7.0, -3.5, 1.2, 0.4, 14.0, 1.0, -2.0, 0.0]])
+    out = sensitivity.fake_quantize(weight, TensorFormat("int", 4, "group", 4))
+    # Group 1: absmax 7 -> scale 1: 7, -3.5 -> -4 (ties to even), 1.2 -> 1, 0.4 -> 0.
+    # Group 2: absmax 14 -> scale 2: 14, 1.0 -> 0 (0.5 ties to even), -2, 0.
+    assert out.tolist() == [[7.0, -4.0, 1.0, 0.0, 14.0, 0.0, -2.0, 0.0]]
+
+
+def test_int8_channel_has_one_scale_per_output_row():
+    weight = torch.tensor([[127.0, 1.4], [0.254, -0.127]])
+    out = sensitivity.fake_quantize(weight, TensorFormat("int", 8, "channel"))
+    assert out[0].tolist() == [127.0, 1.0]
+    # Row 2: scale 0.254 / 127 = 0.002, -0.127 / 0.002 = -63.5 -> -64 (ties to even).
+    assert torch.allclose(out[1], torch.tensor([0.254, -0.128]))
+
+
+def test_group_that_does_not_divide_leaves_the_layer_unquantized():
+    weight = torch.randn(3, 10)
+    assert torch.equal(sensitivity.fake_quantize(weight, TensorFormat("int", 4, "group", 4)), weight)
+
+
+def test_asymmetric_int_keeps_an_offset_range_exact():
+    weight = torch.tensor([[0.0, 15.0, 7.0, 3.0]])
+    out = sensitivity.fake_quantize(weight, TensorFormat("int", 4, "tensor", symmetric=False))
+    assert out.tolist() == [[0.0, 15.0, 7.0, 3.0]]
+
+
+def test_fp8_round_trip_matches_torch_cast_and_saturates():
+    x = torch.tensor([1.0, 1.0625, 1.1875, 500.0, -1000.0])
+    out = sensitivity.fp8_round_trip(x, scale=1.0)
+    # E4M3 has 3 mantissa bits: 1.0625 rounds to 1.0 (tie to even), 1.1875 to 1.25; 448 is its max.
+    assert out.tolist() == [1.0, 1.0, 1.25, 448.0, -448.0]
+    scaled = sensitivity.fp8_round_trip(torch.tensor([0.5, -2.0]))  # absmax scale: -2 -> -448
+    assert scaled.tolist() == [0.5, -2.0]
+
+
+def test_formats_parse_from_axes_and_refuse_what_they_cannot_emulate():
+    assert sensitivity.parse_format("int4/group64") == TensorFormat("int", 4, "group", 64)
+    assert sensitivity.parse_format("int8/token/dynamic").strategy == "channel"
+    assert not sensitivity.parse_format("int8/channel/asym").symmetric
+    with pytest.raises(NotEmulated, match="block"):
+        sensitivity.parse_format("float8/block128x128")
+    with pytest.raises(NotEmulated, match="mxfp4"):
+        sensitivity.parse_format("mxfp4/group32")
+    assert sensitivity.parse_kv("fp8_e4m3").scale == 1.0
+    assert sensitivity.parse_kv("fp8_e4m3/calibrated").scale is None
+    with pytest.raises(NotEmulated, match="int4"):
+        sensitivity.parse_kv("int4")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=256)
+    module = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in module.parameters():  # larger than the init so 4-bit rounding shows
+            param.mul_(4.0)
+    model = sensitivity.wrap(module)
+    generator = np.random.default_rng(1)
+    corpus = sensitivity.Corpus([generator.integers(0, 96, 48).tolist() for _ in range(3)],
+                                [[(1, 48)]] * 3)
+    sensitivity.reference(model, corpus)
+    return model, corpus
+
+
+def test_unquantized_group_costs_nothing_and_a_quantized_one_costs(tiny):
+    model, corpus = tiny
+    assert sensitivity.kl_per_position(model, corpus).max() < 1e-6
+    fmt = sensitivity.parse_format("int4/group16")
+    with sensitivity.quantized(model, Group("layer 0", (0,)), fmt):
+        kl = sensitivity.kl_per_position(model, corpus)
+    assert kl.size == sum(corpus.span_tokens) and kl.mean() > 1e-4
+    assert sensitivity.kl_per_position(model, corpus).max() < 1e-6  # restored
+
+
+def test_a_planted_outlier_costs_more_than_a_plain_layer(tiny):
+    model, corpus = tiny
+    fmt = sensitivity.parse_format("int4/channel")
+    costs = {}
+    for layer in (0, 1):
+        weight = model.module.model.layers[layer].mlp.down_proj.weight
+        saved = weight.data.clone()
+        if layer == 1:
+            weight.data[:, 0] *= 0  # the outlier sets every row's scale in this layer
+            weight.data[:, 0] += 40 * saved.abs().max()
+            sensitivity.reference(model, corpus)
+        with sensitivity.quantized(model, Group(f"layer {layer}", (layer,), ("down_proj",)), fmt):
+            costs[layer] = sensitivity.kl_per_position(model, corpus).mean()
+        weight.data = saved
+    sensitivity.reference(model, corpus)
+    assert costs[1] > 3 * costs[0]
+
+
+def test_k_and_v_are_quantized_apart_and_per_head(tiny):
+    model, corpus = tiny
+    fmt = sensitivity.KvFormat("float8_e4m3fn", None)
+    results = {}
+    for group in (KvGroup("K", (0, 1), True, False), KvGroup("V", (0, 1), False, True),
+                  KvGroup("K0h1", (0,), True, False, head=1)):
+        with sensitivity.kv_quantized(model, group, fmt):
+            results[group.name] = sensitivity.kl_per_position(model, corpus).mean()
+    assert all(value > 0 for value in results.values())
+    assert sensitivity.kl_per_position(model, corpus).max() < 1e-6
+
+
+def test_k_offset_statistic_flags_a_planted_constant_bias(tiny):
+    model, corpus = tiny
+    k_proj = model.module.model.layers[1].self_attn.k_proj
+    k_proj.bias = torch.nn.Parameter(torch.zeros(k_proj.out_features))
+    with torch.no_grad():
+        k_proj.bias[16 + 3] = 200.0  # kv head 1, dimension 3: a large constant offset
+    try:
+        keys, values = sensitivity.kv_offsets(model, corpus)
+    finally:
+        k_proj.bias = None
+    flagged = np.abs(keys.mean) > 3 * keys.std
+    assert flagged[1, 1, 3] and flagged.sum() == 1
+    assert keys.bias_share()[1, 1] == pytest.approx(1 / 16)
+    assert keys.offset_energy()[1, 1] > 0.9 and keys.offset_energy()[0].max() < 0.5
+    assert values.bias_share().max() == 0
+
+
+def test_take_keeps_whole_sequences_within_the_budget():
+    corpus = sensitivity.Corpus([[1] * 10] * 10, [[(1, 10)]] * 10)
+    kept = sensitivity.take(corpus, 35)
+    assert kept.tokens == 30 and kept.span_tokens == [9, 9, 9]
