@@ -106,7 +106,7 @@ system-deps:
 test: system-deps models
 	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tools tests
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/python -m pytest -q -m "not e2e and not demo_model" -n 2 --durations=15
+	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --durations=15
 	$(VENV)/bin/python -m pytest -q -m e2e --durations=0
 
 clean:
