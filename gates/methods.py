@@ -50,12 +50,12 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"paired log length ratio per set and pooled (equal weights), against the parent "
             f"(x{1 - length.max_change:g}..x{1 + length.max_change:g}) and the baseline "
             f"(x{1 - length.max_change_vs_baseline:g}..x{1 + length.max_change_vs_baseline:g}): two "
-            f"one-sided t-tests at alpha {q.alpha:g} split over {q.max_looks} looks; answers cut "
-            "at the budget, on either side, are "
-            "right-censored (each side's censored-normal mean, the pairs' sandwich error), or, "
-            "where that cannot carry a set, the "
-            "restricted mean with the newly cut share bounded; fails on a Holm-adjusted "
-            "one-sided p")},
+            f"one-sided t-tests at alpha {q.alpha:g}"
+            + (f" split over {q.max_looks} looks" if q.max_looks > 1 else "")
+            + "; answers cut at the budget, on either side, are right-censored (each side's "
+            "censored-normal mean, the pairs' sandwich error), or, where that cannot carry a set, "
+            "the restricted mean with the newly cut share bounded; fails on a Holm-adjusted "
+            f"one-sided p at alpha {q.alpha:g}")},
         {"rule": "divergence.kl / top1, perplexity", "method": (
             f"top-20 coarsened per-token KL and top-1 agreement on the scoring corpus, {limits}; "
             f"two-stage studentized block bootstrap over blocks of {policy.divergence.block_tokens} "
