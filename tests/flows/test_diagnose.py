@@ -12,6 +12,7 @@ from flows.diagnose import diagnose_stage  # noqa: E402
 from gates.diagnosis import read_diagnosis  # noqa: E402
 from gates.policy import GatePolicy  # noqa: E402
 from tests.gates.records import UNQUANTIZED, record  # noqa: E402
+from tests.infra.test_sensitivity import tiny_llama  # noqa: E402
 
 torch.set_num_threads(1)
 SCORES = [1.0, 0.0] * 10
@@ -19,18 +20,8 @@ SCORES = [1.0, 0.0] * 10
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=256)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.mul_(4.0)
     folder = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(folder)
+    tiny_llama().save_pretrained(folder)
     return folder
 
 

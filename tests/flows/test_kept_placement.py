@@ -11,9 +11,8 @@ from types import SimpleNamespace
 from flows.engines import placed, plan_run_placement, spec_port_free
 from flows.plan import plan, reference_of
 from flows.references import engines_to_keep
-from flows.spec import Spec
 from infra.placement import SHARED_TOTAL, declared_gpus
-from tests.flows.checkpoints import W8A8, W8A16, make_checkpoint, make_emulated_checkpoint
+from tests.flows.test_kept_engines import chain as cpu_chain
 from tests.flows.test_placement_plan import DEMO_CONFIG
 
 
@@ -24,20 +23,11 @@ def demo_shaped(folder: Path) -> Path:
 
 
 def chain(tmp_path: Path, gpus: list, **engine) -> SimpleNamespace:
-    """The demo model's shape, baseline -> control, w8 (emulated) -> a8 -> kv on CUDA, planned on
-    `gpus` as the run plans it before any engine starts."""
-    base = demo_shaped(make_checkpoint(tmp_path / "bf16"))
-    w8 = demo_shaped(make_emulated_checkpoint(tmp_path / "w8", str(base), W8A16))
-    a8 = demo_shaped(make_checkpoint(tmp_path / "a8", W8A8))
-    spec = Spec.model_validate({
-        "candidate": "c", "baseline": {"checkpoint": str(base)},
-        "engine": {"kind": "vllm", "device": "cuda", **engine},
-        "stages": [{"name": "control", "kind": "control", "parent": "baseline"},
-                   {"name": "w8", "kind": "weights", "parent": "baseline", "checkpoint": str(w8)},
-                   {"name": "a8", "kind": "activations", "checkpoint": str(a8)},
-                   {"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}}],
-        "evalsets": [{"name": "math", "limit": 40}],
-    })
+    """The CPU tests' chain (baseline -> control, w8 (emulated) -> a8 -> kv) on CUDA, in the demo
+    model's shape, planned on `gpus` as the run plans it before any engine starts."""
+    spec = cpu_chain(tmp_path, device="cuda", **engine).spec
+    for folder in {spec.baseline.checkpoint, *(s.checkpoint for s in spec.stages if s.checkpoint)}:
+        demo_shaped(Path(folder))
     stages = plan(spec)
     return SimpleNamespace(spec=spec, stages=stages,
                            placement=plan_run_placement(spec, stages, 5120, gpus))

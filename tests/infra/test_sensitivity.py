@@ -63,8 +63,9 @@ def test_formats_parse_from_axes_and_refuse_what_they_cannot_emulate():
         sensitivity.parse_kv("int4")
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def tiny_llama():
+    """A 2-layer random Llama (hidden 64, vocabulary 96), weights 4x the init so that 4-bit
+    rounding shows."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -73,9 +74,14 @@ def tiny():
                          max_position_embeddings=256)
     module = LlamaForCausalLM(config)
     with torch.no_grad():
-        for param in module.parameters():  # larger than the init so 4-bit rounding shows
+        for param in module.parameters():
             param.mul_(4.0)
-    model = sensitivity.wrap(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = sensitivity.wrap(tiny_llama())
     generator = np.random.default_rng(1)
     corpus = sensitivity.Corpus([generator.integers(0, 96, 48).tolist() for _ in range(3)],
                                 [[(1, 48)]] * 3)
