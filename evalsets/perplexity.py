@@ -139,13 +139,16 @@ def measure_perplexity(
     out_dir: Path,
     corpus_dir: Path = CORPUS_DIR,
     timeout_s: float = 300.0,
-    concurrency: int = 4,
+    concurrency: int = 16,
 ) -> PerplexityResult:
     """Score the corpus with the served model; write results into `out_dir`.
 
     The corpus is `out_dir/scoring_corpus.json` when the runner put one there (token ids: the
     baseline's answers plus prose, evalsets.token_corpus); otherwise every `*.txt` in
-    `corpus_dir`, sent as text. Requests run `concurrency` at a time.
+    `corpus_dir`, sent as text. Requests run `concurrency` at a time: the demo's corpus scored in
+    15.5 s at 16 against 24 s at 4 (2 CPU cores). The same engine at 4 and at 16 differs by 0.024
+    nats mean |logprob| per token (batched bf16 arithmetic) against 0.009 at equal counts, so
+    every stage of a run scores at this one count.
     """
     url = f"{base_url.rstrip('/')}/v1/completions"
     corpus = ScoringCorpus.read(out_dir)

@@ -488,13 +488,17 @@ def run_quality(
     out_dir: Path,
     tokenizer_dir: Path,
     apply_chat_template: bool = True,
-    num_concurrent: int = 4,
+    num_concurrent: int = 64,
     with_perplexity: bool = True,
     max_model_len: int | None = None,
+    kv_cache_tokens: int | None = None,
     corpus_from: Path | None = None,
     structured_output: bool = False,
 ) -> QualityResult:
     """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
+
+    `num_concurrent`: the most requests in flight; a set of long prompts sends as many as the
+    engine's `kv_cache_tokens` hold (evalsets.contracts.requests_in_flight).
 
     `structured_output`: items that declare a JSON Schema are asked for with it as
     `response_format` (a structured_output stage's guided decoding; see run_evalset).
@@ -506,7 +510,7 @@ def run_quality(
     folder), keeping their own per-position logprobs. This measures one stage: pairing them with
     the baseline's and the parent's happens after, from the stored files (gates.token_pairs).
     """
-    from evalsets.contracts import fit_to_context
+    from evalsets.contracts import fit_to_context, requests_in_flight
 
     check_server(base_url, model)
     if structured_output:
@@ -527,7 +531,8 @@ def run_quality(
         total = spec.limit * (spec.sampling.samples if spec.sampling else 1) if spec.limit else None
         with progress.task(f"{out_dir.parent.name}: {spec.name}", total) as advance:
             task = run_evalset(base_url, model, spec, out_dir, count_tokens, apply_chat_template,
-                               num_concurrent, on_items=advance,
+                               requests_in_flight(spec, num_concurrent, kv_cache_tokens),
+                               on_items=advance,
                                structured_output=structured_output,
                                tokenizer_dir=tokenizer_dir)
         task.seconds = round(time.monotonic() - started, 2)

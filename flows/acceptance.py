@@ -47,7 +47,7 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
     spec = prepared.spec
     cache = StageCache(settings.stage_cache_dir)
     parts = stage_keys(prepared.stages, spec, prepared.profile.model_dump(mode="json"),
-                       prepared.policy.model_dump(mode="json"))
+                       prepared.policy.model_dump(mode="json"), settings.num_concurrent)
     keys = {name: digest(p) for name, p in parts.items()}
     # The stage the verdict judges as the candidate (gates.decide): the last one not a control.
     candidate = next((s for s in reversed(prepared.stages[1:]) if s.kind != "control"), None)

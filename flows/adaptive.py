@@ -19,7 +19,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from evalsets.contracts import fit_to_context
+from evalsets.contracts import fit_to_context, requests_in_flight
 from evalsets.results import MoreItems, QualityItem, QualityResult
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
@@ -42,9 +42,10 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
     batch = spec.model_copy(update={"limit": stop - start})
     label = f"{out_dir.parent.name}: {spec.name} items {start + 1}-{stop}"
     samples = spec.sampling.samples if spec.sampling else 1
+    in_flight = requests_in_flight(spec, num_concurrent, facts.kv_cache_tokens)
     with progress.task(label, (stop - start) * samples) as advance:
         task = run_evalset(facts.base_url, facts.model, batch, out_dir,
-                           token_counter(tokenizer_dir), chat_template, num_concurrent,
+                           token_counter(tokenizer_dir), chat_template, in_flight,
                            start=start, on_items=advance, structured_output=structured_output,
                            tokenizer_dir=tokenizer_dir)
     return task.items

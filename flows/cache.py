@@ -51,13 +51,15 @@ def engine_part(spec: Spec, stage: Stage) -> dict:
 
 
 def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
-                keys: dict[str, str], code: str) -> dict:
+                keys: dict[str, str], code: str, in_flight: int) -> dict:
     parts = {
         "cache_version": CACHE_VERSION,
         "weights": checkpoint_digest(stage.checkpoint),
         "engine": engine_part(spec, stage),
         "evalsets": [s.model_dump(mode="json") for s in spec.evalsets],
         "chat_template": spec.chat_template,
+        # Requests in flight change batched arithmetic, so greedy answers and logprobs with it.
+        "in_flight": in_flight,
         "code": code,
         "load_profile": profile,
         # A prompt source's content, not only its name: an edited prompt file is a new load.
@@ -99,13 +101,15 @@ def measuring_code() -> str:
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
-def stage_keys(stages: list[Stage], spec: Spec, profile: dict, policy: dict) -> dict[str, dict]:
-    """Each stage's key parts, in plan order (a parent's key goes into its children's)."""
+def stage_keys(stages: list[Stage], spec: Spec, profile: dict, policy: dict,
+               in_flight: int) -> dict[str, dict]:
+    """Each stage's key parts, in plan order (a parent's key goes into its children's);
+    `in_flight`: the most eval requests in flight (Settings.num_concurrent)."""
     code = measuring_code()
     keys: dict[str, str] = {}
     parts: dict[str, dict] = {}
     for stage in stages:
-        parts[stage.name] = stage_parts(stage, spec, profile, policy, keys, code)
+        parts[stage.name] = stage_parts(stage, spec, profile, policy, keys, code, in_flight)
         parts[stage.name]["capacity_search"] = searches_capacity(
             stage, stages, profile.get("capacity") or {})
         keys[stage.name] = digest(parts[stage.name])

@@ -41,7 +41,10 @@ class Settings(BaseSettings):
     diagnose_max_tokens: int = Field(
         default=1024, ge=16, description="Corpus tokens forwarded per group by that diagnosis.")
     signer: str | None = Field(default=None, description="Name put in the report's sign-off block.")
-    num_concurrent: int = Field(default=4, ge=1, description="Parallel eval requests (lm-eval).")
+    num_concurrent: int = Field(
+        default=64, ge=1, description="Most eval requests in flight (lm-eval's num_concurrent): "
+        "the engine batches them (on 2 CPU cores 64 answered 5.8x the items/s of 4); a set of long "
+        "prompts sends only what the engine's KV cache holds.")
     cache_dir: Path | None = Field(
         default=None, description="The stage cache; default: `cache` under the results folder."
     )

@@ -46,6 +46,7 @@ def measure_quality(
         facts.base_url, facts.model, spec.evalsets, folder / "quality",
         tokenizer_dir=stage.checkpoint, apply_chat_template=spec.chat_template,
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
+        kv_cache_tokens=facts.kv_cache_tokens,
         corpus_from=baseline, structured_output=stage.structured_output,
     )
     if baseline is None:

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from evalsets import contracts
-from evalsets.contracts import Contract, fit_to_context, load_contract, validate_sets
+from evalsets.contracts import (
+    Contract,
+    fit_to_context,
+    load_contract,
+    requests_in_flight,
+    validate_sets,
+)
 from evalsets.spec import EvalSetInfo, EvalSetSpec
 from infra.errors import SpecError
 
@@ -132,6 +138,18 @@ def test_fit_to_context_drops_buckets_that_cannot_fit():
         fit_to_context([spec], 256)
     math = EvalSetSpec(name="math")
     assert fit_to_context([math], 256) == [math]
+
+
+def test_long_prompts_send_only_what_the_kv_cache_holds():
+    long_context = EvalSetSpec(name="long_context", max_gen_toks=64)
+    # Its longest bucket (4k: 3,968 prompt tokens) + 64 of template + 64 answer tokens per request.
+    assert requests_in_flight(long_context, 64, 46_592) == 46_592 // 4_096 == 11
+    short = long_context.model_copy(update={"groups": ["512"]})
+    assert requests_in_flight(short, 64, 20_000) == 20_000 // 608 == 32
+    assert requests_in_flight(short, 8, 46_592) == 8  # never more than asked
+    assert requests_in_flight(long_context, 64, 1_000) == 1  # one at a time, never none
+    assert requests_in_flight(long_context, 64, None) == 64  # the engine did not say
+    assert requests_in_flight(EvalSetSpec(name="math"), 64, 1_000) == 64  # short prompts: all
 
 
 def test_unknown_group_is_refused():

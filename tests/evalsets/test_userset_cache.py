@@ -27,7 +27,7 @@ def keys(tmp_path: Path, evalset: dict) -> dict[str, str]:
         "stages": [{"name": "w8", "kind": "weights", "checkpoint": str(tmp_path / "w8")}],
         "evalsets": [{"name": "math", "limit": 40}, evalset],
     }, context={"base_dir": tmp_path})
-    parts = stage_keys(plan(spec), spec, {"requests": 12}, {})
+    parts = stage_keys(plan(spec), spec, {"requests": 12}, {}, 64)
     return {name: digest(part) for name, part in parts.items()}
 
 

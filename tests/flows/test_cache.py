@@ -38,9 +38,9 @@ def spec(tmp_path: Path, limit: int = 40, w8: str = "w8") -> Spec:
     })
 
 
-def keys(spec: Spec, profile=PROFILE, policy=POLICY) -> dict[str, str]:
+def keys(spec: Spec, profile=PROFILE, policy=POLICY, in_flight=64) -> dict[str, str]:
     return {name: digest(parts) for name, parts in stage_keys(plan(spec), spec, profile,
-                                                              policy).items()}
+                                                              policy, in_flight).items()}
 
 
 def test_same_inputs_same_keys_and_stages_differ(tmp_path):
@@ -64,12 +64,13 @@ def test_where_the_checkpoint_lies_does_not_matter_what_it_holds_does(tmp_path):
     assert here == moved
 
 
-@pytest.mark.parametrize("change", ["limit", "profile", "policy"])
+@pytest.mark.parametrize("change", ["limit", "profile", "in_flight", "policy"])
 def test_eval_sets_and_profile_move_every_key_policy_only_later_stages(tmp_path, change):
     before = keys(spec(tmp_path))
     after = {
         "limit": lambda: keys(spec(tmp_path, limit=41)),
         "profile": lambda: keys(spec(tmp_path), profile=PROFILE | {"requests": 13}),
+        "in_flight": lambda: keys(spec(tmp_path), in_flight=4),
         "policy": lambda: keys(spec(tmp_path), policy={"tolerances": {}}),
     }[change]()
     assert after["w8"] != before["w8"]
@@ -101,7 +102,7 @@ def test_only_the_policy_that_decides_what_is_measured_moves_a_key(tmp_path):
 
 def test_a_stage_key_holds_its_parent_key(tmp_path):
     the_spec = spec(tmp_path)
-    parts = stage_keys(plan(the_spec), the_spec, PROFILE, POLICY)
+    parts = stage_keys(plan(the_spec), the_spec, PROFILE, POLICY, 64)
     assert parts["w8"]["parent"] == digest(parts["baseline"]) == parts["w8"]["baseline"]
     assert "port" not in json.dumps(parts["w8"]["engine"]["command"]).replace("--port\", \"0", "")
 
@@ -146,7 +147,7 @@ def test_an_api_key_moves_no_key_and_is_not_stored(tmp_path):
     guarded = plain.model_copy(update={"engine": plain.engine.model_copy(
         update={"extra_args": ["--api-key", "sk-planted-cache-1234"]})})
     assert keys(guarded) == keys(plain)
-    parts = stage_keys(plan(guarded), guarded, PROFILE, POLICY)
+    parts = stage_keys(plan(guarded), guarded, PROFILE, POLICY, 64)
     assert "sk-planted-cache-1234" not in json.dumps(parts)
 
 
@@ -159,5 +160,5 @@ def test_only_the_baseline_and_the_final_candidate_search_capacity(tmp_path):
     assert all(searches_capacity(s, stages, on | {"every_stage": True}) for s in stages)
     assert not any(searches_capacity(s, stages, {"enabled": False}) for s in stages)
     profile = dict(PROFILE, capacity={"enabled": True})
-    parts = stage_keys(stages, spec(tmp_path), profile, POLICY)
+    parts = stage_keys(stages, spec(tmp_path), profile, POLICY, 64)
     assert [p["capacity_search"] for p in parts.values()] == [True, False, True]

@@ -70,7 +70,7 @@ def test_validate_refuses_it_with_a_checkpoint_or_flags(tmp_path, extra):
 
 def test_its_cache_key_differs_from_its_parents(tmp_path):
     spec = load_spec(structured_spec(tmp_path))
-    parts = stage_keys(plan(spec), spec, {"requests": 12}, {})
+    parts = stage_keys(plan(spec), spec, {"requests": 12}, {}, 64)
     keys = {name: digest(p) for name, p in parts.items()}
     assert len(set(keys.values())) == 3
     assert parts["w8-json"]["request_options"]["load"]["response_format"]["type"] == "json_schema"

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8107")
     parser.add_argument("--sets", nargs="+", default=["math", "long_context"])
     parser.add_argument("--limit", type=int, default=32, help="Items per set (first N).")
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--saturation", type=int, default=16, help="Concurrent direct requests.")
+    parser.add_argument("--levels", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--saturation", type=int, default=64, help="Concurrent direct requests.")
     parser.add_argument("--tokenizer", type=Path, default=Path("models/smollm2-135m-bf16"))
     args = parser.parse_args(argv)
 
