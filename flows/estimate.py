@@ -97,6 +97,7 @@ class StageWork:
     cached: bool = False
     extra_startup: bool = False  # the reference engine is started beside it (not kept)
     grows_baseline: bool = False  # its extra items are scored on the baseline too
+    grow_startups: int = 0  # engines started beside it for more items (baseline, parent; not kept)
 
 
 @dataclass
@@ -131,7 +132,8 @@ def stage_seconds(work: StageWork, speed: Speed, rounds_factor: float) -> tuple[
     low = startup + first + speed.scoring_s + load
     # More items are scored on the stage and on the baseline; more rounds only when required.
     more_load = load * (rounds_factor - 1) if work.timed else 0.0
-    return low, low + grown * (2 if work.grows_baseline else 1) + more_load
+    grow = grown * (2 if work.grows_baseline else 1) + work.grow_startups * speed.startup_s
+    return low, low + grow + more_load
 
 
 def estimate(works: list[StageWork], speed: Speed, rounds_factor: float) -> Estimate:
@@ -163,7 +165,8 @@ def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
             stage.name, first, last, timed=reference is not None,
             loaded=not stage.axes.emulated, cached=stage.name in cached,
             extra_startup=reference is not None and reference.name not in kept,
-            grows_baseline=grows))
+            grows_baseline=grows, grow_startups=sum(
+                1 for name in {prepared.stages[0].name, stage.parent} - set(kept) if grows)))
     return works
 
 

@@ -178,7 +178,7 @@ def test_more_items_show_their_progress(tmp_path, monkeypatch):
 
     monkeypatch.setattr(adaptive, "run_evalset", fake_run)
     monkeypatch.setattr(adaptive, "token_counter", lambda folder: len)
-    facts = type("Facts", (), {"base_url": "http://x", "model": "m"})()
+    facts = type("Facts", (), {"base_url": "http://x", "model": "m", "kv_cache_tokens": None})()
     adaptive._score(facts, EvalSetSpec(name="math", limit=60), 60, 240,
                     tmp_path / "w8" / "quality", tmp_path, True, 4)
     assert lines == ["w8: math items 61-240: 0/180 items", "w8: math items 61-240: 180/180 items in 0s"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flows.estimate import (
+    AVX512_PRIOR,
     StageWork,
     cached_speed,
     estimate,
@@ -31,8 +32,19 @@ def test_avx2_is_predicted_slower_and_growth_widens_the_range():
     assert on_fast.high_s > on_fast.low_s
     # The baseline never grows: its range is a point.
     low, high = on_fast.per_stage["baseline"]
-    assert low == high == pytest.approx(30 + 100 * 0.8 + 20 * 0.45 + 30 + 45)
+    prior = AVX512_PRIOR
+    assert low == high == pytest.approx(prior["startup"] + 100 * prior["math"]
+                                        + 20 * prior["code"] + prior["scoring"] + prior["load"])
     assert "AVX-512" in on_fast.line("the run should take")
+
+
+def test_growth_that_serves_the_references_again_counts_their_start_ups():
+    speed = prior_speed(avx512=True)
+    works = _works()
+    alone = estimate(works, speed, 1.0).per_stage["w8"]
+    works[1].grow_startups = 2  # the baseline and a parent that is not it, beside the stage
+    beside = estimate(works, speed, 1.0).per_stage["w8"]
+    assert beside[0] == alone[0] and beside[1] == pytest.approx(alone[1] + 2 * speed.startup_s)
 
 
 def test_a_cached_stage_costs_nothing_and_required_latency_widens_the_timed_load():
@@ -98,3 +110,34 @@ evalsets: [{{name: math, limit: 40, sampling: {{samples: 4}}}}, {{name: code, li
     baseline, control = stage_works(prepared, set())
     assert baseline.first_items == {"math": 160, "code": 20}
     assert control.last_items == {"math": 160, "code": 20}  # a control never grows
+    assert control.grow_startups == 0
+
+
+def test_a_chain_stage_grows_on_the_baseline_and_its_parent_served_again(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from flows.estimate import stage_works
+    from flows.plan import plan
+    from flows.spec import load_spec
+    from gates.policy import GatePolicy
+    from tests.flows.checkpoints import make_demo_checkpoints
+
+    made = make_demo_checkpoints(tmp_path)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(f"""
+candidate: c
+baseline: {{checkpoint: {made['bf16']}}}
+stages:
+  - {{name: w8, kind: weights, checkpoint: {made['w8a16']}}}
+  - {{name: again, kind: control, parent: w8}}
+  - {{name: kv, kind: kv_cache, parent: w8, engine_flags: {{kv_cache_dtype: fp8}}}}
+evalsets: [{{name: math, limit: 40}}]
+""")
+    spec = load_spec(spec_path)
+    prepared = SimpleNamespace(spec=spec, stages=plan(spec), policy=GatePolicy(),
+                               pools={"math": 400})
+    starts = {work.name: work.grow_startups for work in stage_works(prepared, set())}
+    assert starts == {"baseline": 0, "w8": 0, "again": 0, "kv": 0}  # vllm-cpu keeps them up
+    monkeypatch.setattr("flows.references.engines_to_keep", lambda prepared: {})
+    starts = {work.name: work.grow_startups for work in stage_works(prepared, set())}
+    assert starts == {"baseline": 0, "w8": 1, "again": 0, "kv": 2}

@@ -190,7 +190,8 @@ def test_the_flow_asks_the_quality_and_load_runs_with_the_stage_options(tmp_path
         "quality", []).append(kwargs) or QualityResult())
     monkeypatch.setattr(tasks, "run_load",
                         lambda *args, **kwargs: asked.setdefault("load", []).append(kwargs))
-    facts = type("Facts", (), {"base_url": "http://s", "model": "m", "max_model_len": 2048})()
+    facts = type("Facts", (), {"base_url": "http://s", "model": "m", "max_model_len": 2048,
+                               "kv_cache_tokens": None})()
     settings = type("Settings", (), {"num_concurrent": 1})()
     for served in (parent, stage):
         tasks.measure_quality.fn(facts, served, spec, tmp_path, settings)
