@@ -168,8 +168,8 @@ def stage_works(prepared: Prepared, cached: set[str]) -> list[StageWork]:
             stage.name, first, last, timed=reference is not None,
             loaded=not stage.axes.emulated, cached=stage.name in cached,
             extra_startup=reference is not None and reference.name not in kept,
-            grows_baseline=grows, grow_startups=sum(
-                1 for name in {prepared.stages[0].name, stage.parent} - set(kept) if grows)))
+            grows_baseline=grows,
+            grow_startups=len({prepared.stages[0].name, stage.parent} - set(kept)) if grows else 0))
     return works
 
 
