@@ -160,6 +160,29 @@ def engine_version() -> str:
     return "unknown"
 
 
+# Flags under which the engine's worker must stay a process of its own (vLLM's mp executor).
+_OWN_WORKER_FLAGS = ("--pipeline-parallel-size", "-pp", "--distributed-executor-backend",
+                     "--data-parallel-size", "-dp")
+
+
+def cpu_process_env(spec: VllmEngineSpec, extra: list[str]) -> dict[str, str]:
+    """How a CPU engine's model threads run.
+
+    Where the engine gets every usable core (fewer than 4: infra/cores.py) and the spec binds
+    none, its worker runs inside the engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the
+    uni executor) with one OpenMP thread per core, unpinned: one Python process fewer to start,
+    9 s of a 30 s start-up on a 2-core box, at the same throughput and the same greedy tokens
+    (FACTS.md). Otherwise vLLM's mp executor binds its threads to the planned cores, keeping the
+    load generator's cores free (the spec's bind wins)."""
+    from infra.cores import plan_cores
+
+    plan = plan_cores("cpu", spec.omp_threads_bind)
+    own_worker = any(arg.split("=", 1)[0] in _OWN_WORKER_FLAGS for arg in extra)
+    if spec.omp_threads_bind is None and plan.shared and plan.engine and not own_worker:
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(plan.engine))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": plan.engine_bind}
+
+
 def build_command(
     spec: VllmEngineSpec, checkpoint: Path, flags, python: str = sys.executable,
     reveal: bool = False
@@ -167,8 +190,6 @@ def build_command(
     """The exact command and engine environment for a stage (no process is started). An
     `--api-key` goes to vLLM as VLLM_API_KEY (not in the command line or its start-up log), shown
     as MASK unless `reveal`; any other credential-like flag's value is masked unless `reveal`."""
-    from infra.cores import plan_cores
-
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
     command += ["--host", spec.host, "--port", str(spec.port), "--dtype", spec.dtype]
     if spec.max_model_len:
@@ -187,8 +208,7 @@ def build_command(
     if spec.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.kv_cache_space_gib:g}"
-        # Cores the load generator gets stay off the engine's (infra/cores.py); the spec's bind wins.
-        env["VLLM_CPU_OMP_THREADS_BIND"] = plan_cores("cpu", spec.omp_threads_bind).engine_bind
+        env |= cpu_process_env(spec, extra)
     else:
         command += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
         if spec.tensor_parallel_size > 1:

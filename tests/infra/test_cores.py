@@ -69,15 +69,32 @@ def test_bind_syntax_is_vllms_and_a_bad_one_names_the_value():
     assert format_cores([5]) == "5"
 
 
-def test_build_command_binds_the_engine_to_the_planned_cores():
-    usable = sorted(os.sched_getaffinity(0))
+def test_build_command_binds_the_engine_to_the_planned_cores(monkeypatch):
+    monkeypatch.setattr("infra.cores.usable_cores", lambda: tuple(range(8)))
     _, env = build_command(VllmEngineSpec(port=8000), Path("m"), EngineFlags(), python="python")
-    assert env["VLLM_CPU_OMP_THREADS_BIND"] == plan_cores("cpu", usable=usable).engine_bind
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1-7"  # core 0 for the load generator
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     _, env = build_command(VllmEngineSpec(port=8000, omp_threads_bind="0"), Path("m"),
                            EngineFlags(), python="python")
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     _, env = build_command(VllmEngineSpec(port=8000, device="cuda"), Path("m"), EngineFlags())
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+
+
+def test_an_engine_on_every_core_runs_its_worker_in_the_engine_process(monkeypatch):
+    """Below 4 cores the engine gets them all: its worker needs no process (and start-up) of its
+    own, and one OpenMP thread per core; a bind in the spec or a multi-process flag keeps vLLM's
+    own executor and binding."""
+    monkeypatch.setattr("infra.cores.usable_cores", lambda: (0, 1))
+    _, env = build_command(VllmEngineSpec(port=8000), Path("m"), EngineFlags(), python="python")
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "2"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    _, env = build_command(VllmEngineSpec(port=8000, omp_threads_bind="0-1"), Path("m"),
+                           EngineFlags(), python="python")
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    spec = VllmEngineSpec(port=8000, extra_args=["--distributed-executor-backend=mp"])
+    _, env = build_command(spec, Path("m"), EngineFlags(), python="python")
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
 
 
 def test_plan_for_an_external_engine_claims_no_split():
