@@ -79,5 +79,5 @@ class LaunchedEngine(Engine):
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.alive():
+        if process is not None:  # its group too when the server itself died (infra/process.py)
             process.stop(grace_s=self.stop_grace_s)

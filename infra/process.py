@@ -35,6 +35,28 @@ def _signal_group(process: subprocess.Popen, sig: int) -> bool:
     return True
 
 
+def _group_gone(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether no live process of `process`'s group is left within `timeout_s` (its leader's
+    exit says nothing of the members it left: a killed vLLM API server's engine-core process).
+    Zombies count as gone: init reaps them, not us."""
+    import psutil
+
+    def members() -> bool:
+        for member in psutil.process_iter(["status"]):
+            with contextlib.suppress(OSError, psutil.Error):
+                if (member.info["status"] != psutil.STATUS_ZOMBIE
+                        and os.getpgid(member.pid) == process.pid):
+                    return True
+        return False
+
+    deadline = time.monotonic() + timeout_s
+    while members():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def stop_group(process: subprocess.Popen | None, sig: int = signal.SIGTERM, grace_s: float = 20.0,
                kill_wait_s: float | None = None) -> None:
     """Signal the process group (the process and what it spawned) with `sig`; SIGKILL the group
@@ -42,16 +64,20 @@ def stop_group(process: subprocess.Popen | None, sig: int = signal.SIGTERM, grac
     more, raising subprocess.TimeoutExpired past that.
 
     The group is signalled even when its leader has exited: `mlflow server` can die and leave its
-    uvicorn child holding the port. `sig` SIGKILL kills at once.
+    uvicorn child holding the port, a vLLM API server killed from outside its engine-core
+    process; the members are then given `grace_s` to exit before SIGKILL. `sig` SIGKILL kills at
+    once.
     """
     if process is None:
         return
+    leader_gone = process.poll() is not None
     if sig != signal.SIGKILL:
         if not _signal_group(process, sig):
             return
         try:
             process.wait(timeout=grace_s)
-            return
+            if not leader_gone or _group_gone(process, grace_s):
+                return
         except subprocess.TimeoutExpired:
             pass
     if _signal_group(process, signal.SIGKILL):

@@ -330,6 +330,12 @@ def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path,
         os.kill(int(pid), signal.SIGKILL)
     out, _ = run.communicate(timeout=1200)
     assert engine.stdout.split(), "the w4 engine was not found"
+    # The killed server's own processes (its engine core) are stopped with the stage, not left.
+    import psutil
+
+    left = [p.info for p in psutil.process_iter(["pid", "name", "cwd", "status"])
+            if p.info["cwd"] == str(tmp_path) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert left == [], left
     assert run.returncode == 1, out[-3000:]
     manifest, verdict, records = run_record(tmp_path)
     assert records["w4"]["error"].startswith("the engine died during the stage")

@@ -94,6 +94,28 @@ def test_stop_reaches_what_the_process_started(tmp_path: Path) -> None:
         raise AssertionError(f"the child {child} outlived its group's stop")
 
 
+def test_stop_reaches_what_a_dead_leader_left_in_its_group(tmp_path: Path) -> None:
+    """A server killed from outside leaves its children running in its group (vLLM's API server
+    its engine-core process): stopping it stops them, SIGKILL for one that ignores SIGTERM."""
+    import psutil
+
+    log = tmp_path / "orphans.log"
+    child = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+             "print('ignoring', flush=True)\ntime.sleep(60)")
+    code = ("import subprocess, sys\n"
+            "polite = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"stubborn = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+            "print('children', polite.pid, stubborn.pid, flush=True)\n")
+    process = LoggedProcess([*PYTHON, code], log)
+    _wait_for(log, "ignoring")
+    children = [psutil.Process(int(pid)) for pid in log.read_text().split()[1:3]]
+    process.wait(timeout=30)  # the leader is gone, its children are not
+    assert all(child.is_running() for child in children)
+    process.stop(grace_s=1)
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert [c for c in alive if c.status() != psutil.STATUS_ZOMBIE] == []
+
+
 def test_stopping_a_gone_process_is_quiet(tmp_path: Path) -> None:
     process = LoggedProcess([*PYTHON, "pass"], tmp_path / "done.log")
     process.wait(timeout=30)
