@@ -160,6 +160,8 @@ def engine_version() -> str:
     return "unknown"
 
 
+# Spins of an OpenMP thread waiting at a barrier before it sleeps (libgomp's default: 300,000).
+SHORT_SPIN = 10_000
 # Flags under which the engine's worker must stay a process of its own (vLLM's mp executor).
 _OWN_WORKER_FLAGS = ("--pipeline-parallel-size", "-pp", "--distributed-executor-backend",
                      "--data-parallel-size", "-dp")
@@ -171,15 +173,21 @@ def cpu_process_env(spec: VllmEngineSpec, extra: list[str]) -> dict[str, str]:
     Where the engine gets every usable core (fewer than 4: infra/cores.py) and the spec binds
     none, its worker runs inside the engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the
     uni executor) with one OpenMP thread per core, unpinned: one Python process fewer to start,
-    9 s of a 30 s start-up on a 2-core box, at the same throughput and the same greedy tokens
-    (FACTS.md). Otherwise vLLM's mp executor binds its threads to the planned cores, keeping the
-    load generator's cores free (the spec's bind wins)."""
+    9 s of a 30 s start-up on a 2-core box, at the same throughput and the same greedy tokens.
+    Its OpenMP threads spin briefly at a barrier, then sleep (GOMP_SPINCOUNT): with libgomp's
+    long default spin, a busy loop of another session on one of the 2 cores cut the engine from
+    836 to 14 tokens/s (the spinning thread holds the core its partner needs); with the short
+    spin 884 alone and 195 beside the busy loop, where vLLM's pinned mp executor gave 830 and 249
+    (64 requests in flight, `python -m tools.benchmarks.contention`). Otherwise vLLM's mp
+    executor binds its threads to the planned cores, keeping the load generator's cores free
+    (the spec's bind wins)."""
     from infra.cores import plan_cores
 
     plan = plan_cores("cpu", spec.omp_threads_bind)
     own_worker = any(arg.split("=", 1)[0] in _OWN_WORKER_FLAGS for arg in extra)
     if spec.omp_threads_bind is None and plan.shared and plan.engine and not own_worker:
-        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(plan.engine))}
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(plan.engine)),
+                "GOMP_SPINCOUNT": str(SHORT_SPIN)}
     return {"VLLM_CPU_OMP_THREADS_BIND": plan.engine_bind}
 
 

