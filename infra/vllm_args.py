@@ -176,11 +176,13 @@ def cpu_process_env(spec: VllmEngineSpec, extra: list[str]) -> dict[str, str]:
     9 s of a 30 s start-up on a 2-core box, at the same throughput and the same greedy tokens.
     Its OpenMP threads spin briefly at a barrier, then sleep (GOMP_SPINCOUNT): with libgomp's
     long default spin, a busy loop of another session on one of the 2 cores cut the engine from
-    836 to 14 tokens/s (the spinning thread holds the core its partner needs); with the short
-    spin 884 alone and 195 beside the busy loop, where vLLM's pinned mp executor gave 830 and 249
-    (64 requests in flight, `python -m tools.benchmarks.contention`). Otherwise vLLM's mp
-    executor binds its threads to the planned cores, keeping the load generator's cores free
-    (the spec's bind wins)."""
+    962 to 16 tokens/s (the spinning thread holds the core its partner needs); with the short
+    spin 823 alone and 224 beside the busy loop, where vLLM's pinned mp executor gave 812 and 376
+    and started in 26 s, not 20 (64 requests in flight, `python -m tools.benchmarks.contention`):
+    on a quiet box (a stage whose timing counts is measured quiet, or marked contended) the
+    start-up wins. Otherwise vLLM's mp executor binds its threads to the planned cores, keeping
+    the load generator's cores free (the spec's bind wins; `omp_threads_bind: "0-1"` asks for
+    the pinned executor on 2 cores)."""
     from infra.cores import plan_cores
 
     plan = plan_cores("cpu", spec.omp_threads_bind)
