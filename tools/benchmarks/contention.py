@@ -4,6 +4,8 @@ For each placement (the product's, and the ones it was chosen over) it starts a 
 of the given checkpoint, times 64 greedy completions in flight (32 tokens each, ignore_eos), then
 the same beside a busy loop at nice 19 in a session of its own (as another user's job runs: the
 kernel's autogroups share the cores per session, so nice alone does not keep it off the engine).
+Written for a box of 2 cores, where the product runs the worker in the engine-core process; on
+4 or more the product pins its engine and the first two rows are the same placement.
 
     python -m tools.benchmarks.contention --model models/smollm2-135m-bf16
 """
