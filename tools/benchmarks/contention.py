@@ -24,6 +24,7 @@ import httpx
 
 from flows.spec import EngineFlags
 from infra.ports import free_port
+from infra.probe import healthy
 from infra.process import LoggedProcess, stop_group
 from infra.vllm_args import VllmEngineSpec, build_command, cpu_process_env
 
@@ -53,28 +54,20 @@ async def tokens_per_s(base_url: str, model: str, requests: int, tokens: int) ->
 def measure(model: Path, env: dict[str, str], busy: bool, log: Path) -> tuple[float, float]:
     spec = VllmEngineSpec(port=free_port(), enforce_eager=True, max_model_len=2048)
     command, base_env = build_command(spec, model, EngineFlags(), reveal=True)
-    base_env = {k: v for k, v in base_env.items()
-                if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS",
-                             "GOMP_SPINCOUNT", "VLLM_CPU_OMP_THREADS_BIND")}
+    placed = {key for each in placements(spec).values() for key in each}
+    base_env = {k: v for k, v in base_env.items() if k not in placed}
     loop = subprocess.Popen(BUSY_LOOP, start_new_session=True) if busy else None
     started = time.monotonic()
     engine = LoggedProcess(command, log, env=os.environ | base_env | env)
     try:
         base_url = f"http://{spec.host}:{spec.port}"
-        engine.wait_ready(lambda: _healthy(base_url), 600, RuntimeError, poll_s=0.25)
+        engine.wait_ready(lambda: healthy(base_url), 600, RuntimeError, poll_s=0.25)
         startup = time.monotonic() - started
         return startup, asyncio.run(tokens_per_s(base_url, str(model), 64, 32))
     finally:
         stop_group(engine, grace_s=30)
         if loop is not None:
             stop_group(loop, grace_s=5)
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def main() -> None:
