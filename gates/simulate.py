@@ -128,9 +128,14 @@ def baseline_answers(rng: np.random.Generator, shape: SetShape) -> np.ndarray:
 
 def _flip_rates(accuracy: float, drop: float, discordance: float) -> tuple[float, float]:
     """P(right -> wrong), P(wrong -> right) with accuracy * p_break - (1 - accuracy) * p_fix = drop."""
+    # A group's realized accuracy bounds what it can change by: a perfect one cannot gain.
+    drop = min(max(drop, accuracy - 1), accuracy)
     discordance = max(discordance, abs(drop))
-    p_break = (discordance + drop) / (2 * accuracy) if accuracy > 0 else 0.0
-    p_fix = (discordance - drop) / (2 * (1 - accuracy)) if accuracy < 1 else 0.0
+    # A set (or group) with no wrong answers has nothing to fix: its flips can only be breaks,
+    # so it takes the ceiling's branch below (breaks are the drop alone), not half the
+    # discordance as breaks (a 7.5-point loss labelled "equivalent"); the floor likewise.
+    p_break = (discordance + drop) / (2 * accuracy) if accuracy > 0 else math.inf
+    p_fix = (discordance - drop) / (2 * (1 - accuracy)) if accuracy < 1 else math.inf
     if p_fix > 1:  # near the ceiling: every wrong answer is fixed; breaks make up the rest
         p_fix, p_break = 1.0, (drop + (1 - accuracy)) / accuracy
     if p_break > 1:
