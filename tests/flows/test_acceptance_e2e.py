@@ -35,14 +35,17 @@ def write_spec(folder: Path, stages: list[dict], port: int, **engine) -> Path:
         "candidate": "e2e",
         "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
         "engine": {"kind": "vllm", "device": "cpu", "port": port, "enforce_eager": True,
-                   "max_model_len": 2048, "startup_timeout_s": 600, **FAST_DTYPE, **engine},
+                   "max_model_len": 4096, "startup_timeout_s": 600, **FAST_DTYPE, **engine},
         "stages": stages,
         # 100 items growing to 400: the length rule's pooled ratio needs them to vouch for the
         # near-lossless stage (a changed greedy answer is often another answer, sigma 0.55).
         # A budget the answers fit: at 64 tokens the baseline cut 39 % of its math answers, where
         # the length rule's set-aside pairs bias it up (w8 read x1.08 with its cuts going both
         # ways, 33 stage-only and 36 baseline-only; the rules assume about 1 in 70 cut).
-        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": MATH_BUDGET}],
+        # The long-context set as the demo asks it (10 items in each of its four length
+        # buckets, to 4k tokens): the verdicts below must hold with its buckets judged too.
+        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": MATH_BUDGET},
+                     {"name": "long_context", "limit": 40}],
         "load_profile": "ci",
     }
     path = folder / "spec.yaml"
@@ -133,7 +136,13 @@ def test_the_near_lossless_stage_passes_every_quality_rule(tree):
     checks = stage_checks(verdict, "w8")
     quality = {rule: c for rule, c in checks.items() if rule.startswith(QUALITY_RULES)}
     assert {"quality.accuracy", "divergence.kl", "divergence.top1", "perplexity.parent",
-            "length"} <= set(quality)
+            "length", "quality.long_context"} <= set(quality)
+    # Each length bucket of the long-context set is paired and judged on its own items.
+    buckets = {"quality.long_context.512", "quality.long_context.1k", "quality.long_context.2k",
+               "quality.long_context.4k"}
+    assert buckets <= set(quality), sorted(quality)
+    items = records["baseline"]["quality"]["tasks"]["long_context"]["items"]
+    assert {i["group"] for i in items} == {"512", "1k", "2k", "4k"}
     assert all(c["passed"] for c in quality.values()), {
         rule: c["reason"] for rule, c in quality.items() if not c["passed"]}
     assert quality["quality.accuracy"]["status"] == "pass"
