@@ -23,8 +23,9 @@ ROOT = Path(__file__).parents[2]
 SCRIPT = """
 import signal, subprocess, sys, time
 sys.path.insert(0, {root!r})
-if {nohup!r}:
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` leaves it
+# As `nohup` leaves it, or as a terminal's shell starts a command: a suite run under nohup
+# (a CI job, say) hands its children SIGHUP ignored, and the run rightly keeps ignoring it.
+signal.signal(signal.SIGHUP, signal.SIG_IGN if {nohup!r} else signal.SIG_DFL)
 from flows import interrupt
 interrupt.install(lambda: "kept nothing")
 engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
