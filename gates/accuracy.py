@@ -8,8 +8,9 @@ chance of a false go stays within alpha however many there are):
   resolve only a larger loss), capped where the set sits on the error scale: near the ceiling
   the stage may make at most `max_error_ratio` times the baseline's errors (95 % -> 85 % is 3x
   the errors, though only 10 points), never below the pooled margin; near the floor it must
-  keep 1/`max_error_ratio` of the right answers; a set whose baseline has fewer right answers
-  than that margin's worth cannot vouch and is shown;
+  keep 1/`max_error_ratio` of the right answers (`SetMargin`: judged against the baseline's
+  true rates by ratio score tests, not the sample's); a set whose baseline has fewer right
+  answers than the pooled margin's worth cannot vouch and is shown;
 - every group of a set (the long-context length buckets) at the group margin, when the stage
   serves a quantized KV cache (long context is where KV error shows) or the policy asks for
   groups always; otherwise a group only fails on confident harm.
@@ -37,6 +38,7 @@ from gates.noninferiority import (
     Stratum,
     design_effect,
     look_alpha,
+    ratio_z,
     score_interval,
     simulated_power,
 )
@@ -136,16 +138,14 @@ class SetCounts:
     def design_effect(self) -> float:
         return self.strata[0].design_effect if self.strata else 1.0
 
-    def own_margin(self, margin: float, error_ratio: float, floor: float) -> float:
-        """The set's margin on a scale that still resolves where the set sits: `margin` points,
-        but no more than lets the stage make `error_ratio` times the baseline's errors (near the
-        ceiling: 95 % -> 85 % is 3x the errors) or keep only 1/`error_ratio` of its right answers
-        (near the floor), and never less than `floor` (the pooled margin): a set the baseline
-        gets all or nearly all right (or wrong) must still be able to pass when nothing changed.
-        The baseline's accuracy is read with half an item added each way (Jeffreys)."""
-        accuracy = (self.baseline_correct + 0.5) / (self.n + 1)
-        capped = min(margin, (error_ratio - 1) * (1 - accuracy), (1 - 1 / error_ratio) * accuracy)
-        return max(min(floor, margin), capped)
+    def ratio_z(self, ratio: float) -> tuple[float, float]:
+        """Score statistics (negative: holds) of the two error-scale limits, against the
+        baseline's true rates: the stage makes under `ratio` times the baseline's errors (the
+        ceiling), and keeps over 1/`ratio` of its right answers (the floor)."""
+        both_wrong = self.n - self.baseline_correct - self.fixed
+        both_right = self.baseline_correct - self.broke
+        return (ratio_z(self.n, both_wrong, self.fixed, self.broke, ratio, self.design_effect),
+                ratio_z(self.n, both_right, self.fixed, self.broke, ratio, self.design_effect))
 
     def needed(self, margin: float, level: float, power: float) -> int:
         """Items at which a set as good as the baseline would resolve at `margin` with `power`:
@@ -183,6 +183,57 @@ def _interval_text(estimate: float, low: float, high: float, level: float) -> st
 
 def _outcome(low: float, high: float, margin: float) -> str:
     return "pass" if low >= -margin else "fail" if high < -margin else "inconclusive"
+
+
+@dataclass
+class SetMargin:
+    """A set's margin on the scale that resolves where the set sits (gates/policy.yaml):
+    `margin` points, but where the baseline is near the ceiling (or the floor) no more than
+    `ratio` times its errors (1/`ratio` of its right answers), and never less than `floor`.
+
+    The limit depends on the baseline's TRUE error rate, which a sample of a few errors reads
+    poorly (at 95 % and 80 items: 4 errors, often 7, which read as a 12-point margin where
+    the policy means 8). So the rule is not judged at the margin the sample's accuracy
+    implies: the stage passes when it is non-inferior at `floor`, or at `margin` while paired
+    score tests on the ratio of error rates (and of right-answer rates) say the stage stays
+    within `ratio` of the baseline's; it fails when it is worse than `floor` and either worse
+    than `margin` or beyond the ratio. Without `ratio` (a group) it is `margin` alone."""
+
+    margin: float
+    floor: float | None = None
+    ratio: float | None = None
+
+    def judge(self, s: SetCounts, level: float) -> Judged:
+        estimate, low, high = score_interval(s.strata, level)
+        if self.ratio is None or self.floor is None or self.floor >= self.margin:
+            return Judged(_outcome(low, high, self.margin), estimate, low, high, self.margin,
+                          f"-{100 * self.margin:.0f} pts")
+        z = float(norm.ppf(1 - level))
+        ceiling, floor = s.ratio_z(self.ratio)
+        within, beyond = max(ceiling, floor) <= -z, max(ceiling, floor) >= z
+        # The margin that holds: the wide one only where the ratio tests show the stage within
+        # (or where even it is broken), else the floor.
+        margin = self.margin if within or high < -self.margin else self.floor
+        outcome = _outcome(low, high, margin)
+        if outcome == "fail" and not beyond and high >= -self.margin:
+            outcome = "inconclusive"  # worse than the floor, but maybe within the ratio
+        read = (f"-{100 * self.floor:.0f} pts, or -{100 * self.margin:.0f} pts within "
+                f"{self.ratio:g}x the baseline's errors and 1/{self.ratio:g} of its right answers "
+                f"(ratio score z {ceiling:+.2f} on errors, {floor:+.2f} on right answers: "
+                f"{'within' if within else 'beyond' if beyond else 'unresolved'})")
+        return Judged(outcome, estimate, low, high, margin, read)
+
+
+@dataclass
+class Judged:
+    """A set rule's outcome, its interval and the margin it held (or broke)."""
+
+    outcome: str
+    estimate: float
+    low: float
+    high: float
+    margin: float
+    read: str
 
 
 def _pooled(sets: list[SetCounts], margin: float, level: float,
@@ -227,7 +278,7 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
     })
 
 
-def set_check(s: SetCounts, margin: float, required: bool, policy: GatePolicy,
+def set_check(s: SetCounts, rule: SetMargin, required: bool, policy: GatePolicy,
               what: str = "set") -> Check:
     """One set (or group) non-inferior at its own margin; unresolved blocks when required.
 
@@ -235,11 +286,14 @@ def set_check(s: SetCounts, margin: float, required: bool, policy: GatePolicy,
     what, while the decision is the non-inferiority against the baseline."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
-    estimate, low, high = score_interval(s.strata, level)
+    judged_at = rule.judge(s, level)
+    estimate, low, high, margin = (judged_at.estimate, judged_at.low, judged_at.high,
+                                   judged_at.margin)
+    outcome = judged_at.outcome
     p_parent = stats.mcnemar_worse(s.parent_broke, s.parent_fixed)
     reason = (
         f"accuracy {s.summary()}: {_interval_text(estimate, low, high, level)}, {what} margin "
-        f"-{100 * margin:.0f} pts; flips vs parent {s.parent_broke} right->wrong, "
+        f"{judged_at.read}; flips vs parent {s.parent_broke} right->wrong, "
         f"{s.parent_fixed} wrong->right (McNemar p={p_parent:.3g})"
     )
     details = {"n": s.n, "baseline_accuracy": s.baseline_correct / s.n,
@@ -250,12 +304,12 @@ def set_check(s: SetCounts, margin: float, required: bool, policy: GatePolicy,
     if s.samples > 1:
         details["samples"] = s.samples
     fields = {"value": low, "limit": -margin, "details": details}
-    outcome = _outcome(low, high, margin)
     if outcome == "fail":
         return judged(s.rule, "fail", True, "worse than the margin even at the upper bound: "
                       + reason, **fields)
-    if s.bound(margin):  # it cannot lose the margin: shown, not a pass it did not earn
-        return judged(s.rule, "inconclusive", False, f"{s.bound(margin)}, cannot vouch: " + reason,
+    least = min(margin, rule.floor if rule.floor is not None else margin)
+    if s.bound(least):  # it cannot lose the margin: shown, not a pass it did not earn
+        return judged(s.rule, "inconclusive", False, f"{s.bound(least)}, cannot vouch: " + reason,
                       **fields)
     if outcome == "pass":
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
@@ -361,14 +415,15 @@ def checks_at_look(
                     details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
                              "stage_accuracy": g.stage_correct / g.n}))
                 continue
-            group_checks.append(set_check(g, group_margin, per_group, policy, "group"))
+            group_checks.append(set_check(g, SetMargin(group_margin), per_group, policy,
+                                          "group"))
     if not problems and sets:
         pooled = pooled_check(sets, margin, precision, policy)
         pooled.details["sets_too_small"] = len(paired) - len(sets)
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, s.own_margin(set_margin, ratio, margin), True, policy) for s in sets]
+    checks += [set_check(s, SetMargin(set_margin, margin, ratio), True, policy) for s in sets]
     return checks + group_checks
 
 
@@ -466,13 +521,15 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     def unresolved(counts: SetCounts, at: float, capped: bool = True) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
-        at = counts.own_margin(at, ratio, margin) if capped else at
+        rule = SetMargin(at, margin, ratio) if capped else SetMargin(at)
         if counts.items < q.min_items:
             return q.min_items
-        if counts.bound(at) or _outcome(*score_interval(counts.strata, level)[1:],
-                                        at) != "inconclusive":
+        judged_now = rule.judge(counts, level)
+        if counts.bound(min(at, margin) if capped else at) or judged_now.outcome != "inconclusive":
             return 0
-        return max(1, counts.needed(at, level, target))
+        # Planned at the margin that holds now: the floor until the ratio tests show the stage
+        # within (a set near the ceiling then grows for the test that can decide it).
+        return max(1, counts.needed(judged_now.margin, level, target))
 
     def group_unresolved(name: str) -> int:
         vs_baseline, vs_parent = paired[name]

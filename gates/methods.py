@@ -27,11 +27,12 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"inside it), margin {margins}; one-sided alpha {q.alpha:g} split over {q.max_looks} "
             f"looks (Bonferroni), a rule decided at a look stays decided")},
         {"rule": "quality.<set>", "method": (
-            f"every set on its own (intersection-union: all must pass), at {q.set_margin_factor:g}x "
-            f"the margin, capped where the set sits so that the stage makes at most "
-            f"{q.max_error_ratio:g}x the baseline's errors (near the ceiling) and keeps at least "
-            f"1/{q.max_error_ratio:g} of its right answers (near the floor), never below the "
-            "pooled margin")},
+            f"every set on its own (intersection-union: all must pass): non-inferior at the "
+            f"pooled margin, or at {q.set_margin_factor:g}x it while paired score tests on the "
+            f"ratio of error rates (Nam-Blackwelder, Tang-Tang-Chan) show the stage makes under "
+            f"{q.max_error_ratio:g}x the baseline's true errors (near the ceiling) and keeps over "
+            f"1/{q.max_error_ratio:g} of its right answers (near the floor); the limit is never "
+            "read off the few errors a sample of the baseline happened to make")},
         {"rule": "quality.<set>.<group>", "method": (
             f"each group (long-context length bucket, a user set's group field) at "
             f"{q.group_margin_factor:g}x the margin; blocking for a stage serving a quantized KV "

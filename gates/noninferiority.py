@@ -164,3 +164,43 @@ def simulated_power(sizes: list[int], margin: float, discordance: float, alpha: 
                          for size in sizes])
     z = score_z((n, outcomes[:, :, 0], outcomes[:, :, 1]), -margin)
     return float(np.mean(z >= stats.norm.ppf(1 - alpha)))
+
+
+def ratio_z(n: int, both: int, only_first: int, only_second: int, theta: float,
+            design_effect: float = 1.0) -> float:
+    """Score statistic of H0: P(second) = theta * P(first), the marginal rates of one event (an
+    error) on matched pairs; negative: the second's rate is below theta times the first's.
+
+    `both`: pairs where the event happened on both sides; `only_first`, `only_second`: on one.
+    The variance is the restricted MLE's under H0 (the score test of Nam & Blackwelder 2002 and
+    Tang, Tang & Chan 2003 for the ratio of paired proportions), so it keeps its level with a
+    handful of events, where the rate it compares against is itself uncertain: a ceiling set's
+    "at most 2.5x the baseline's errors" is judged against the baseline's true error rate, not
+    against the few errors its sample happened to have. `design_effect` inflates the variance of
+    clustered items as it does the difference's."""
+    if theta <= 1:
+        raise ValueError(f"theta must exceed 1, got {theta}")
+    return _ratio_z(n, both, only_first, only_second, float(theta), float(design_effect))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ratio_z(n: int, both: int, only_first: int, only_second: int, theta: float,
+             design_effect: float) -> float:
+    # Half a pseudo-count per cell keeps the restricted MLE inside the simplex at empty cells.
+    a, b, c = both + 1e-6, only_first + 1e-6, only_second + 1e-6
+    total = n + 3e-6
+
+    def constraint(mu: float) -> float:  # P(second) - theta * P(first) at the Lagrange point
+        return c / (total + mu) - theta * b / (total - mu * theta) - (theta - 1) * a / (
+            total - mu * (theta - 1))
+
+    edge = total * 1e-12
+    mu = optimize.brentq(constraint, -total + edge, total / theta - edge, xtol=1e-12 * total)
+    p_both = a / (total - mu * (theta - 1))
+    p_first = b / (total - mu * theta)
+    p_second = c / (total + mu)
+    variance = ((theta - 1) ** 2 * p_both + theta**2 * p_first + p_second) * design_effect
+    gap = (only_second - theta * only_first - (theta - 1) * both) / n
+    if variance <= 0:
+        return 0.0 if gap == 0 else float(np.sign(gap) * np.inf)
+    return float(gap / np.sqrt(variance / n))

