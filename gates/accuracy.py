@@ -193,11 +193,12 @@ class SetMargin:
 
     The limit depends on the baseline's TRUE error rate, which a sample of a few errors reads
     poorly (at 95 % and 80 items 4 errors are expected, and one sample in five has 6 or more,
-    which read as a 12-point margin where the policy means 8). So the rule is not judged at the margin the sample's accuracy
-    implies: the stage passes when it is non-inferior at `floor`, or at `margin` while paired
-    score tests on the ratio of error rates (and of right-answer rates) say the stage stays
-    within `ratio` of the baseline's; it fails when it is worse than `floor` and either worse
-    than `margin` or beyond the ratio. Without `ratio` (a group) it is `margin` alone."""
+    which read as a 12-point margin where the policy means 8). So the rule is not judged at the
+    margin the sample's accuracy implies: the stage passes when it is non-inferior at `floor`,
+    or at `margin` while paired score tests on the ratio of error rates (and of right-answer
+    rates) say the stage stays within `ratio` of the baseline's; it fails when it is worse than
+    `floor` and either worse than `margin` or beyond the ratio. Without `ratio` (a group) it is
+    `margin` alone."""
 
     margin: float
     floor: float | None = None
