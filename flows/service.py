@@ -176,9 +176,19 @@ def _mlflow_calls(tracking_uri: str) -> Iterator[None]:
                            "server, then try again") from err
 
 
-async def _prepare_server() -> None:
+async def _prepare_server() -> int:
+    """The pool and this host's limit, created where missing; returns the host slots it freed.
+
+    The service starts before any of its workers: a slot the limit still counts as taken was
+    left by an acceptance that died with an earlier service (killed past its grace period).
+    Its lease lived in that Prefect server's memory and went with it, so nothing would ever
+    give the slot back, and every run queued on this host would wait for ever."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+    from prefect.client.schemas.actions import (
+        GlobalConcurrencyLimitCreate,
+        GlobalConcurrencyLimitUpdate,
+        WorkPoolCreate,
+    )
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     async with get_client() as client:
@@ -190,20 +200,28 @@ async def _prepare_server() -> None:
             except ObjectAlreadyExists:
                 pass
         try:
-            await client.read_global_concurrency_limit_by_name(host_limit())
+            limit = await client.read_global_concurrency_limit_by_name(host_limit())
         except ObjectNotFound:
             try:
                 await client.create_global_concurrency_limit(
                     GlobalConcurrencyLimitCreate(name=host_limit(), limit=1))
             except ObjectAlreadyExists:
                 pass
+            return 0
+        if limit.active_slots:
+            await client.update_global_concurrency_limit(
+                host_limit(), GlobalConcurrencyLimitUpdate(active_slots=0))
+        return limit.active_slots
 
 
-def deploy() -> str:
+def deploy(log=print) -> str:
     """The work pool, this host's limit, and the deployment `acceptance/quantgate`."""
     from prefect import flow
 
-    asyncio.run(_prepare_server())
+    freed = asyncio.run(_prepare_server())
+    if freed:
+        log(f"host limit {host_limit()}: {freed} slot(s) left taken by an acceptance that died "
+            "with an earlier service, given back")
     remote = flow.from_source(source=str(REPO), entrypoint="flows/acceptance.py:acceptance")
     deployment_id = remote.deploy(name=DEPLOYMENT, work_pool_name=POOL, build=False, push=False,
                                   print_next_steps=False, ignore_warnings=True)
@@ -459,7 +477,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
         if local_mlflow:
             local_checkpoints(mlflow.MlflowClient(mlflow_uri), state_dir / "checkpoints")
         log(f"prefect: {prefect_api_url}  mlflow: {mlflow_uri}")
-        deploy()
+        deploy(log)
         address = write_address(state_dir, prefect_api_url, mlflow_uri)
         stack.callback(address.unlink, missing_ok=True)
         names = [f"{socket.gethostname()}-{os.getpid()}-{n}" for n in range(workers)]

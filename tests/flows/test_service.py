@@ -73,6 +73,29 @@ def test_deploy_creates_the_pool_and_the_host_limit(servers):
     assert asyncio.run(read()) == ("process", 1, service.POOL)
 
 
+def test_a_slot_left_by_an_acceptance_that_died_with_its_service_is_given_back(servers):
+    """A service killed past its grace period leaves its running acceptance's host slot taken,
+    and the lease that would expire it lived in that Prefect server's memory: without this,
+    every run queued after the restart waits for ever (seen in the end-to-end service story)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    async def slots(taken: int | None = None) -> int:
+        async with get_client() as client:
+            if taken is not None:
+                await client.update_global_concurrency_limit(
+                    host_limit(), GlobalConcurrencyLimitUpdate(active_slots=taken))
+            return (await client.read_global_concurrency_limit_by_name(host_limit())).active_slots
+
+    assert asyncio.run(slots(taken=1)) == 1
+    said: list[str] = []
+    service.deploy(said.append)
+    assert asyncio.run(slots()) == 0
+    assert said and "1 slot(s) left taken" in said[0] and "given back" in said[0]
+    service.deploy(said.append)  # nothing taken: nothing said
+    assert len(said) == 1
+
+
 def test_the_same_key_is_the_same_run_and_a_crashed_one_resumes(servers, spec):
     first, what = service.submit(spec, key="m@1", registry_version="m@1")
     assert what == "scheduled" and state(first) == "SCHEDULED"
