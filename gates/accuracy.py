@@ -204,6 +204,12 @@ class SetMargin:
     floor: float | None = None
     ratio: float | None = None
 
+    @property
+    def least(self) -> float:
+        """The narrowest margin the rule may hold the set to (what a set must be able to lose
+        to vouch at all)."""
+        return self.margin if self.floor is None else min(self.margin, self.floor)
+
     def judge(self, s: SetCounts, level: float) -> Judged:
         estimate, low, high = score_interval(s.strata, level)
         if self.ratio is None or self.floor is None or self.floor >= self.margin:
@@ -308,9 +314,9 @@ def set_check(s: SetCounts, rule: SetMargin, required: bool, policy: GatePolicy,
     if outcome == "fail":
         return judged(s.rule, "fail", True, "worse than the margin even at the upper bound: "
                       + reason, **fields)
-    least = min(margin, rule.floor if rule.floor is not None else margin)
-    if s.bound(least):  # it cannot lose the margin: shown, not a pass it did not earn
-        return judged(s.rule, "inconclusive", False, f"{s.bound(least)}, cannot vouch: " + reason,
+    if s.bound(rule.least):  # it cannot lose the margin: shown, not a pass it did not earn
+        return judged(s.rule, "inconclusive", False,
+                      f"{s.bound(rule.least)}, cannot vouch: " + reason,
                       **fields)
     if outcome == "pass":
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
@@ -526,7 +532,7 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
         if counts.items < q.min_items:
             return q.min_items
         judged_now = rule.judge(counts, level)
-        if counts.bound(min(at, margin) if capped else at) or judged_now.outcome != "inconclusive":
+        if counts.bound(rule.least) or judged_now.outcome != "inconclusive":
             return 0
         # Planned at the margin that holds now: the floor until the ratio tests show the stage
         # within (a set near the ceiling then grows for the test that can decide it).

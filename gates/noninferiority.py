@@ -186,7 +186,7 @@ def ratio_z(n: int, both: int, only_first: int, only_second: int, theta: float,
 @functools.lru_cache(maxsize=1 << 16)
 def _ratio_z(n: int, both: int, only_first: int, only_second: int, theta: float,
              design_effect: float) -> float:
-    # Half a pseudo-count per cell keeps the restricted MLE inside the simplex at empty cells.
+    # A tiny pseudo-count per cell keeps the restricted MLE inside the simplex at empty cells.
     a, b, c = both + 1e-6, only_first + 1e-6, only_second + 1e-6
     total = n + 3e-6
 

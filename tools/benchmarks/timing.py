@@ -42,7 +42,7 @@ def stage_rows(run: Path) -> list[dict]:
 
 
 def run_rows(run: Path) -> dict:
-    return {"run": run.name} | (RunManifest.read(run).timings or {})
+    return {"run": run.name} | RunManifest.read(run).timings
 
 
 def main(argv: list[str] | None = None) -> int:
