@@ -7,7 +7,7 @@ math and business sets' first items, and timings raced against its parent in int
 
 Usage (image python with vLLM on PYTHONPATH): `python -m tools.cuda_record --out DIR`. Writes
 DIR/record.tar.gz (logs, pages, answers) and DIR/summary.json; tests read the recorded logs
-(tests/infra/cuda_logs/)."""
+(tests/infra/vllm_logs/h200-0.25-*, recorded on a lent H200 with vLLM 0.25.0)."""
 
 from __future__ import annotations
 
