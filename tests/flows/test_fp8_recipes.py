@@ -131,7 +131,8 @@ def test_fp8_activations_run_through_the_marlin_fallback_are_not_measured_as_w8a
         "units: weights only, activations unquantized) but its axes say activations "
         "float8/token/dynamic; serve it on a GPU with FP8 (sm89+: L40S, H100, B200), or measure "
         "a weights stage there instead"]
-    # The weights-only FP8 stage runs through Marlin everywhere: what its label says.
+    # The weights-only FP8 stage is weight-only on any kernel (Marlin on an A100; on an H200
+    # vLLM 0.25 picks Humming): what its label says.
     assert kernel_mismatches(stages[1], a100) == []
     assert kernel_mismatches(stages[2], EngineFacts(base_url="http://x", model="m")) == []
 
