@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -239,26 +240,52 @@ def start_worker(state_dir: Path, name: str) -> subprocess.Popen:
         cwd=REPO, start_new_session=True)
 
 
-def stop_process_tree(process: subprocess.Popen, grace_s: float = 60) -> None:
-    """SIGTERM the flow runs under a worker first (so each stops its engines and is marked
-    crashed), then the worker; SIGKILL whatever is left after the grace period."""
+# A Prefect 3 process worker forwards SIGTERM to itself as SIGINT and then took a minute to exit
+# in the e2e service story (idle or not); once its flow runs are gone it has nothing left to do.
+WORKER_GRACE_S = 10.0
+
+
+def _wait_gone(processes: list, timeout_s: float) -> None:
+    """Until each of `processes` has exited (a zombie has: its parent reaps it, not us)."""
     import psutil
 
-    if process.poll() is not None:
-        return
-    try:
-        children = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
+    def running(process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while any(running(process) for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def stop_process_trees(processes: list[subprocess.Popen], grace_s: float = 60,
+                       worker_grace_s: float = WORKER_GRACE_S) -> None:
+    """SIGTERM the flow runs under every worker at once (each stops its engines and is marked
+    crashed), then the workers; SIGKILL whatever is left after the grace periods. One worker
+    at a time, each waited out, took two minutes to stop two workers while the stage under the
+    second one went on measuring."""
+    import psutil
+
+    alive = [process for process in processes if process.poll() is None]
+    children: list = []
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children += psutil.Process(process.pid).children(recursive=True)
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.terminate()
-    psutil.wait_procs(children, timeout=grace_s)
-    process.terminate()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    _wait_gone(children, grace_s)
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + worker_grace_s
+    for process in alive:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
@@ -485,8 +512,7 @@ def run_service(state_dir: Path, prefect_api_url: str | None, mlflow_uri: str | 
 
         def stop_workers() -> None:
             flows_under_workers = flow_processes(processes)  # before they are gone
-            for process in processes:
-                stop_process_tree(process)
+            stop_process_trees(processes)
             crashed = crash_leftovers(flows_under_workers)
             if crashed:
                 log(f"{crashed} running acceptance(s) marked crashed; submit again to resume")
