@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["error"] = traceback.format_exc()
         note(summary["error"])
     finally:
-        summary["processes"] = smi("compute-apps=pid,used_memory")
-        for engine, _ in engines.values():
-            engine.stop()
+        try:
+            summary["processes"] = smi("compute-apps=pid,used_memory")
+        finally:  # the engines stop whatever the snapshot did
+            for engine, _ in engines.values():
+                engine.stop()
         summary["memory_after_stop"] = smi("gpu=memory.used,memory.total")
         summary["wall_s"] = round(time.monotonic() - started, 1)
         save()
