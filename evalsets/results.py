@@ -19,6 +19,11 @@ from infra.stored import Stored
 SAMPLES_FILE = "lm_eval_samples.jsonl"
 
 
+def sample_folder(folder: Path, index: int) -> Path:
+    """Where sample `index` of a sampled set keeps lm-eval's files: `<set>-s<index>`."""
+    return folder.with_name(f"{folder.name}-s{index}")
+
+
 class QualityItem(BaseModel):
     """One eval item as answered by one stage."""
 

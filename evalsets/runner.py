@@ -20,7 +20,13 @@ from typing import Any, NamedTuple
 import httpx
 
 from evalsets.perplexity import measure_perplexity
-from evalsets.results import SAMPLES_FILE, QualityItem, QualityResult, TaskQuality
+from evalsets.results import (
+    SAMPLES_FILE,
+    QualityItem,
+    QualityResult,
+    TaskQuality,
+    sample_folder,
+)
 from evalsets.sampling import combined, request_kwargs
 from evalsets.spec import EvalSetSpec
 from evalsets.structured import check_guided_decoding, structured_formats
@@ -413,7 +419,7 @@ def run_evalset(
             samples = lmeval_task.identified(samples, lmeval_task.chosen_filter(spec, config),
                                              start)
             results["samples"][config["task"]] = samples  # as the scoring corpus reads them
-        _save_raw(results, folder if seed is None else folder.with_name(f"{folder.name}-s{index}"))
+        _save_raw(results, folder if seed is None else sample_folder(folder, index))
         items = samples_to_items(
             samples, metric, max_gen_toks, count_tokens, lm.server_finish,
             group_field(spec), cluster_field(spec), lm.traces,

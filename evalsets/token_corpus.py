@@ -175,14 +175,21 @@ def build_corpus(
     max_sequence_tokens: int = MAX_SEQUENCE_TOKENS,
     samples_file: Callable[[Path, str], Path] | None = None,
 ) -> ScoringCorpus:
-    """The baseline's answers to each set's items (from `quality_dir/<set>/`) plus the prose
-    (`prose_dir`, default evalsets/corpus/); sequences over `max_sequence_tokens` are skipped."""
-    from evalsets.results import SAMPLES_FILE
+    """The baseline's answers to each set's items (from `quality_dir/<set>/`; a sampled set's
+    first sample, `<set>-s0/`) plus the prose (`prose_dir`, default evalsets/corpus/);
+    sequences over `max_sequence_tokens` are skipped."""
+    from evalsets.results import SAMPLES_FILE, sample_folder
+
+    def answers(folder: Path, name: str) -> Path:
+        """A greedy set's lm-eval samples, else a sampled set's first sample's."""
+        greedy = folder / name / SAMPLES_FILE
+        first = sample_folder(folder / name, 0) / SAMPLES_FILE
+        return first if not greedy.is_file() and first.is_file() else greedy
 
     tokenizer = (load_tokenizer(tokenizer_or_dir) if isinstance(tokenizer_or_dir, Path)
                  else tokenizer_or_dir)
     render = Renderer(tokenizer, chat_template)
-    where = samples_file or (lambda folder, name: folder / name / SAMPLES_FILE)
+    where = samples_file or answers
     sequences, skipped = [], []
     for set_name in set_names:
         path = where(quality_dir, set_name)

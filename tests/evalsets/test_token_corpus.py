@@ -87,6 +87,20 @@ def test_corpus_scores_answers_and_prompts_not_the_header(tmp_path, prose):
     assert corpus.tokens == 17 + 9 + 10  # prompt, answer + end of turn, prose after its first token
 
 
+def test_a_sampled_set_gives_the_corpus_its_first_sample_s_answers(tmp_path, prose):
+    """A sampled set keeps each sample's lm-eval files in <set>-s<j>/ (the runner): the corpus
+    takes sample 0's answers, not 'no lm-eval samples' and prose only."""
+    quality = tmp_path / "quality"
+    _samples(quality / "math-s0", [("m1", "2+3?", "It is 5.")])
+    _samples(quality / "math-s1", [("m1", "2+3?", "Five.")])
+    corpus = build_corpus(quality, ["math"], ChatTokenizer(), prose_dir=prose)
+    assert [span.name for span in corpus.sequences[0].spans] == ["math/m1/prompt",
+                                                                 "math/m1/answer"]
+    assert corpus.tokens == 17 + 9 + 10  # as the greedy set's "It is 5." above
+    with pytest.raises(MeasurementError, match="no lm-eval samples for 'code'"):
+        build_corpus(quality, ["code"], ChatTokenizer(), prose_dir=prose)
+
+
 def test_later_stages_score_the_baselines_corpus(tmp_path, prose, monkeypatch):
     base, stage = tmp_path / "base", tmp_path / "stage"
     _samples(base / "math", [("m1", "2+3?", "It is 5.")])
