@@ -105,6 +105,21 @@ def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches()
                       parent_served=True) == {"math": 240}
 
 
+def test_no_look_for_a_length_rule_that_answers_cut_at_the_budget_keep_unresolved():
+    """Most answers run to the budget (3 in 5 on each side, not always the same items, as
+    sampled answers do): the length ratio cannot pass however many items come (the share cut
+    stays), so no look is asked for it; a stage whose accuracy is decided gets none."""
+    base = answers("math", [truth(i) for i in range(200)])
+    stage = answers("math", [truth(i) for i in range(120)])
+    for quality in (base, stage):
+        for i, item in enumerate(quality.tasks["math"].items):
+            cut = i % 5 in ((1, 2, 3) if quality is stage else (0, 1, 2))
+            lengths = (9, 2, 5) if quality is stage else (2, 5, 9)  # scattered around x1
+            item.output_tokens = 96 if cut else lengths[i % 3]
+            item.finish_reason = "length" if cut else "stop"
+    assert more_items(stage, base, "8bit", POLICY, {"math": 1000}) is None
+
+
 @pytest.mark.parametrize("placement", [None, "one GPU"])
 def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, monkeypatch,
                                                                    placement):
