@@ -245,21 +245,6 @@ def start_worker(state_dir: Path, name: str) -> subprocess.Popen:
 WORKER_GRACE_S = 10.0
 
 
-def _wait_gone(processes: list, timeout_s: float) -> None:
-    """Until each of `processes` has exited (a zombie has: its parent reaps it, not us)."""
-    import psutil
-
-    def running(process) -> bool:
-        try:
-            return process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    deadline = time.monotonic() + timeout_s
-    while any(running(process) for process in processes) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def stop_process_trees(processes: list[subprocess.Popen], grace_s: float = 60,
                        worker_grace_s: float = WORKER_GRACE_S) -> None:
     """SIGTERM the flow runs under every worker at once (each stops its engines and is marked
@@ -268,15 +253,14 @@ def stop_process_trees(processes: list[subprocess.Popen], grace_s: float = 60,
     second one went on measuring."""
     import psutil
 
+    from infra.process import stop_processes
+
     alive = [process for process in processes if process.poll() is None]
     children: list = []
     for process in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             children += psutil.Process(process.pid).children(recursive=True)
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.terminate()
-    _wait_gone(children, grace_s)
+    stop_processes(children, grace_s)
     for process in alive:
         process.terminate()
     deadline = time.monotonic() + worker_grace_s
@@ -286,9 +270,6 @@ def stop_process_trees(processes: list[subprocess.Popen], grace_s: float = 60,
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
 
 
 def submit(spec_path: Path, key: str | None = None, no_cache: bool = False,

@@ -84,6 +84,26 @@ def stop_group(process: subprocess.Popen | None, sig: int = signal.SIGTERM, grac
         process.wait(timeout=grace_s if kill_wait_s is None else kill_wait_s)
 
 
+def wait_gone(processes: list, timeout_s: float) -> list:
+    """Wait up to `timeout_s` until each psutil process has exited; those still running. A
+    zombie has exited: its parent reaps it, not us (psutil's wait_procs waits out a zombie that
+    is not our child, such as a flow run its Prefect worker has not reaped yet)."""
+    import psutil
+
+    def running(process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [process for process in processes if running(process)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def stop_processes(processes: list, grace_s: float) -> None:
     """SIGTERM each psutil process, SIGKILL those still alive after `grace_s`, wait as long again."""
     import psutil
@@ -91,11 +111,11 @@ def stop_processes(processes: list, grace_s: float) -> None:
     for process in processes:
         with contextlib.suppress(psutil.Error):
             process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    alive = wait_gone(processes, grace_s)
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+    wait_gone(alive, grace_s)
 
 
 class LoggedProcess(subprocess.Popen):
