@@ -9,8 +9,9 @@ parent: the parent is served again beside it the same way (`parent_stage`), so t
 grow past the parent's stored answers rather than stay inconclusive at the first look's size;
 its more items are its own record too, and its own verdict stays on its own items. Each batch
 multiplies the items of every set that still bears on the open rule by the policy's `growth`
-(gates.accuracy.more_items says which), within the set's pool, up to `max_looks` looks; the
-accuracy rule splits its alpha over those looks, so looking again cannot buy a false go.
+(gates.accuracy.next_look says which, and the look's line names the rules each set grows for),
+within the set's pool, up to `max_looks` looks; the accuracy rule splits its alpha over those
+looks, so looking again cannot buy a false go.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from evalsets.spec import EvalSetSpec
 from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines, engine_beside
 from flows.plan import Stage
 from flows.spec import Spec
-from gates.accuracy import more_items
+from gates.accuracy import next_look
 from gates.length import length_checks
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy, precision_class
@@ -118,16 +119,18 @@ def grow_until_decided(
                 progress.line(f"stage {stage.name}: already fails {', '.join(decided)} at one "
                               "look's alpha, which more items would not undo: no more looks")
                 break
-            sizes = more_items(quality, base_record.quality, precision, policy, pools, parent,
-                               axes, parent_served=served)
-            if sizes is None:
+            look = next_look(quality, base_record.quality, precision, policy, pools, parent,
+                             axes, parent_served=served)
+            if look is None:
                 break
+            sizes = look.sizes
             quality.look_sizes.append({name: len(task.items)
                                        for name, task in quality.tasks.items()})
             quality.looks += 1
-            # Not decided yet (accuracy or length): more items on the stage and the baseline.
+            # Not decided yet (accuracy or length): more items on the stage and the baseline,
+            # each growing set named with the open rules it grows for.
             progress.line(f"stage {stage.name}: not decided yet, look {quality.looks} with "
-                          + ", ".join(f"{name} {n} items" for name, n in sizes.items()))
+                          + look.line())
             for name, wanted in sizes.items():
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
                 if wanted > len(base_task.items):

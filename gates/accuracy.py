@@ -497,12 +497,37 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
                      reachable=dict(zip(names, reach, strict=True)), power=power, needed=needed)
 
 
+@dataclass
+class Look:
+    """The next look: items per set, and per set that grows the open rules it grows for."""
+
+    sizes: dict[str, int]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """'math 240 items (quality.accuracy, length.math), ...': each growing set with its rules."""
+        return ", ".join(f"{name} {n} items" + (f" ({', '.join(self.reasons[name])})"
+                                                 if self.reasons.get(name) else "")
+                         for name, n in self.sizes.items())
+
+
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
                policy: GatePolicy, pools: dict[str, int],
                parent: QualityResult | None = None,
                axes: dict[str, str] | None = None,
                parent_served: bool = False) -> dict[str, int] | None:
-    """The items per set for the next look, or None when nothing is left to decide or to grow.
+    """The items per set for the next look, or None when nothing is left to decide or to grow
+    (`next_look`'s sizes)."""
+    look = next_look(stage, baseline, precision, policy, pools, parent, axes, parent_served)
+    return look.sizes if look is not None else None
+
+
+def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
+              policy: GatePolicy, pools: dict[str, int],
+              parent: QualityResult | None = None,
+              axes: dict[str, str] | None = None,
+              parent_served: bool = False) -> Look | None:
+    """The next look, or None when nothing is left to decide or to grow.
 
     Every set grows while the pooled rule is inconclusive; otherwise the sets whose own rule is
     unresolved at the set margin, or (for a stage judged per group: `axes` serve a quantized KV
@@ -538,19 +563,27 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
         # within (a set near the ceiling then grows for the test that can decide it).
         return max(1, counts.needed(judged_now.margin, level, target))
 
-    def group_unresolved(name: str) -> int:
+    def group_unresolved(name: str) -> dict[str, int]:
         vs_baseline, vs_parent = paired[name]
         deff, n = sets[name].design_effect, sets[name].items
-        wanted = [unresolved(SetCounts.of(name, g_base, g_parent, deff),
-                             margin * q.group_margin_factor, capped=False)
+        wanted = {group: unresolved(SetCounts.of(name, g_base, g_parent, deff),
+                                    margin * q.group_margin_factor, capped=False)
                   * n // max(1, len(g_base))
-                  for g_base, g_parent in _group_pairs(vs_baseline, vs_parent).values()]
-        return max(wanted, default=0)
+                  for group, (g_base, g_parent) in _group_pairs(vs_baseline, vs_parent).items()}
+        return {group: need for group, need in wanted.items() if need}
 
-    needs = {name: max(unresolved(counts, margin * q.set_margin_factor),
-                       group_unresolved(name) if per_group else 0)
-             for name, counts in sets.items()}
+    reasons: dict[str, list[str]] = {name: [] for name in sets}
+    needs: dict[str, int] = {}
+    for name, counts in sets.items():
+        own = unresolved(counts, margin * q.set_margin_factor)
+        groups = group_unresolved(name) if per_group else {}
+        needs[name] = max([own, *groups.values()])
+        reasons[name] += ([f"quality.{name}"] if own else []) + [
+            f"quality.{name}.{group}" for group in sorted(groups, key=natural_order)]
     pooled_open = _pooled(list(sets.values()), margin, level)[2] == "inconclusive"
+    if pooled_open:
+        for name in sets:
+            reasons[name].insert(0, "quality.accuracy")
     growing = set(sets) if pooled_open else {name for name, need in needs.items() if need}
     grown = dict(sizes)
     for name in growing:
@@ -561,18 +594,25 @@ def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
     if policy.length.required:
         # Length pairs with the parent: unless it is served again, its stored answers bound how
         # far a set can grow for the length rules alone.
-        for name in _length_growth(stage, parent, baseline, policy):
-            if name in sets and name not in growing:
+        for name, rules in _length_growth(stage, parent, baseline, policy).items():
+            if name not in sets:
+                continue
+            reasons[name] += rules
+            if name not in growing:
                 unbounded = parent is None or parent_served or name not in parent.tasks
                 reach = limits[name] if unbounded else min(limits[name],
                                                            len(parent.tasks[name].items))
                 grown[name] = max(sizes[name], min(reach, math.ceil(sizes[name] * q.growth)))
-    return grown if any(grown[name] > sizes[name] for name in sizes) else None
+    grows = {name: n for name, n in grown.items() if n > sizes[name]}
+    if not grows:
+        return None
+    return Look(sizes=grown, reasons={name: reasons[name] for name in grows})
 
 
 def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline: QualityResult,
-                   policy: GatePolicy) -> list[str]:
-    """The sets to grow while a blocking length rule is inconclusive: the sets whose own ratio
+                   policy: GatePolicy) -> dict[str, list[str]]:
+    """The sets to grow while a blocking length rule is inconclusive, each with the open rules
+    it grows for: the sets whose own ratio
     (vs the parent or vs the baseline) is unresolved, or, where only the pooled one is, those in
     which an answer changed length. A set whose answers all kept their length (the demo's long-context
     retrievals, its costliest items) carries no drift to resolve: more of it would only dilute
@@ -598,11 +638,11 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
                                       finish=False)
              if c.status == "inconclusive" and more_can_decide(c)]
     if not any(not c.passed for c in found):  # only advisory ones open: nothing to decide
-        return []
-    open_rules = {c.rule for c in found}
-    named = {name for name in names for prefix in ("length.", "length.baseline.")
-             if f"{prefix}{name}" in open_rules}
-    if named:
-        return sorted(named)
-    return [name for name, ratios in length_ratios(stage_record, parent_record).items()
-            if np.count_nonzero(ratios)]
+        return {}
+    open_rules = [c.rule for c in found]
+    named = {name: [rule for rule in open_rules
+                    if rule in (f"length.{name}", f"length.baseline.{name}")] for name in names}
+    if any(named.values()):
+        return {name: rules for name, rules in named.items() if rules}
+    return {name: open_rules for name, ratios in length_ratios(stage_record, parent_record).items()
+            if np.count_nonzero(ratios)}

@@ -161,6 +161,11 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
         yield EngineFacts(base_url=f"http://{stage.name}", model=stage.name, command=["vllm"])
         up.discard(stage.name)
 
+    from infra.progress import progress
+
+    lines: list[str] = []
+    monkeypatch.setattr(progress, "terminal", False)
+    monkeypatch.setattr(progress, "write", lines.append)
     monkeypatch.setattr(adaptive, "_score", fake_score)
     monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
     stage_facts = EngineFacts(base_url="http://s", model="activations", command=["vllm"])
@@ -168,6 +173,10 @@ def test_a_chain_stage_serves_its_parent_again_for_the_length_rule(tmp_path, mon
         activations, lengths(60, True), stage_facts, spec, baseline, results, POLICY,
         {"math": 1000}, 2, parent_stage=weights, placement=placement)
     assert ("weights", 60, 120) in scored, scored
+    # The look line names the open rule it grows the set for: length, not accuracy.
+    look = next(line for line in lines if "not decided yet" in line)
+    assert "look 2 with math 120 items (length, length.baseline)" in look, look
+    assert "quality" not in look, look
     assert not up  # every engine started beside the stage has stopped
     assert max(most_up) == (1 if placement else 2)
     assert offsets["weights"] not in (offsets.get("baseline"), 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
-from gates.accuracy import more_items, quality_checks
+from gates.accuracy import more_items, next_look, quality_checks
 from gates.noninferiority import Stratum, design_effect, score_interval
 from gates.policy import GatePolicy
 from gates.record import StageRecord
@@ -177,6 +177,14 @@ def test_an_unresolved_bucket_grows_its_set_on_a_kv_stage():
         "long_context": 80}
     assert more_items(stage.quality, baseline.quality, "8bit", POLICY, {"long_context": 60},
                       axes=KV) == {"long_context": 60}  # within the pool
+    # The look names the rules it grows for: each bucket on the KV stage, none on a weights one.
+    look = next_look(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV)
+    assert look.reasons == {"long_context": ["quality.accuracy"] + [
+        f"quality.long_context.{bucket}" for bucket in BUCKETS]}
+    assert "long_context 80 items (quality.accuracy, quality.long_context.512" in look.line()
+    weights = record("s", "baseline", {"long_context": items(base, groups)})
+    assert next_look(weights.quality, baseline.quality, "8bit", POLICY, pools).reasons == {
+        "long_context": ["quality.accuracy"]}
 
 
 def test_declared_clusters_widen_the_interval():
