@@ -93,8 +93,14 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
         Scenario("A/A, 0.5 % request errors", request_errors=0.005),
         Scenario("creep: -4 pts per step over 3 stages",
                  [Step(drop={"*": 0.04 * k}) for k in (1, 2, 3)], "rollback"),
-        Scenario("creep: +15 % TPOT per step over 3 stages",
-                 [Step(tpot_increase=1.15**k - 1) for k in (1, 2, 3)], "rollback"),
+        # Latency is advisory by default: it fails only on confident harm, and three rounds a
+        # step rarely make a +52 % sum confident (reported, not a target); required, it adds
+        # rounds while unresolved and an unresolved sum blocks.
+        Scenario("creep: +15 % TPOT per step over 3 stages, advisory",
+                 [Step(tpot_increase=1.15**k - 1) for k in (1, 2, 3)], "either"),
+        Scenario("creep: +15 % TPOT per step over 3 stages, required",
+                 [Step(tpot_increase=1.15**k - 1) for k in (1, 2, 3)], "rollback",
+                 latency_required=True),
         Scenario("single set of 1,000 items, A/A", sets=SINGLE_1000),
         Scenario(f"single set of 1,000 items, drop {m:.0%}", [Step(drop={"*": m})], "rollback",
                  sets=SINGLE_1000),

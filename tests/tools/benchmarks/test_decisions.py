@@ -84,6 +84,15 @@ def test_creep_over_a_chain_is_caught_against_the_baseline():
     assert any(r.startswith("s3: quality.accuracy") for r in verdict.reasons), verdict.reasons
 
 
+def test_required_latency_creep_rolls_back_on_its_sum_against_the_baseline():
+    """+15 % TPOT a step: every step within its +25 % limit, +52 % in all."""
+    verdict = trial(row("creep: +15 % TPOT per step over 3 stages, required"), POLICY,
+                    np.random.default_rng(4))
+    assert verdict.decision == "rollback"
+    assert any(r.startswith("s3: latency.low.tpot_p50_ms.baseline") for r in verdict.reasons), (
+        verdict.reasons)
+
+
 def test_adaptive_looks_add_items_only_when_needed_and_record_each_look():
     verdict = trial(Scenario("aa", [Step()], flips=0.15), POLICY, np.random.default_rng(5))
     pooled = next(c for c in verdict.stages[1].checks if c.rule == "quality.accuracy")
