@@ -27,7 +27,7 @@ from evalsets.spec import EvalSetSpec
 from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines, engine_beside
 from flows.plan import Stage
 from flows.spec import Spec
-from gates.accuracy import next_look
+from gates.accuracy import checks_at_look, next_look
 from gates.length import length_checks
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy, precision_class
@@ -67,6 +67,18 @@ def length_fails_for_good(stage: Stage, quality: QualityResult, parent: StageRec
                        axes=stage.axes.model_dump(exclude={"emulated"}))
     return [c.rule for c in length_checks(mine, parent, strict, baseline)
             if c.rule in ("length", "length.baseline") and c.status == "fail"]
+
+
+def accuracy_fails_for_good(stage: Stage, quality: QualityResult, parent: StageRecord,
+                            baseline: StageRecord, policy: GatePolicy) -> list[str]:
+    """The accuracy rules the stage fails on this look's interval: the first look that decides a
+    rule is its verdict (gates.accuracy.quality_checks), so more items cannot undo the rollback
+    and another look (for length, or another set) would only spend engine time."""
+    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
+                       axes=stage.axes.model_dump(exclude={"emulated"}))
+    return [c.rule for c in checks_at_look(mine, parent, baseline, policy)
+            if c.status == "fail" and not c.passed and "ci_low" in c.details
+            and not c.details.get("sets_too_small")]
 
 
 def grow_until_decided(
@@ -113,8 +125,9 @@ def grow_until_decided(
 
     try:
         while quality.looks < policy.quality.max_looks:
-            decided = length_fails_for_good(stage, quality, parent_record or base_record,
-                                            base_record, policy)
+            decided = accuracy_fails_for_good(stage, quality, parent_record or base_record,
+                                              base_record, policy) + length_fails_for_good(
+                stage, quality, parent_record or base_record, base_record, policy)
             if decided:
                 progress.line(f"stage {stage.name}: already fails {', '.join(decided)} at one "
                               "look's alpha, which more items would not undo: no more looks")

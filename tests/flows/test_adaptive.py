@@ -90,6 +90,39 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
     assert len(StageRecord.read(results / "baseline").quality.tasks["math"].items) == 80
 
 
+def test_a_stage_that_already_fails_accuracy_gets_no_look_for_its_open_length_rule(
+        tmp_path, monkeypatch):
+    """Half the baseline's right answers lost at 120 items: accuracy fails at this look,
+    and the first look that decides a rule is its verdict. Its lengths, scattered, leave the
+    length rule open; more items would only be engine time spent on a rollback."""
+    from infra.progress import progress
+
+    spec = load_spec(write_spec(tmp_path, stages=[{"name": "control", "kind": "control"}],
+                                evalsets=[{"name": "math", "limit": 120}]))
+    baseline, control = plan(spec)
+    results = tmp_path / "run"
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={},
+                comparability=asked_as(120),
+                quality=answers("math", [truth(i) for i in range(120)])).save(results / "baseline")
+    broken = answers("math", [truth(i) if i % 2 else 0.0 for i in range(120)])
+    for i, item in enumerate(broken.tasks["math"].items):
+        item.output_tokens = (2, 5, 9)[i % 3]
+    base_record = StageRecord.read(results / "baseline")
+    assert more_items(broken, base_record.quality, "8bit", POLICY, {"math": 1000}), (
+        "the length rule alone would ask for a look")
+    assert "quality.accuracy" in adaptive.accuracy_fails_for_good(control, broken, base_record,
+                                                                  base_record, POLICY)
+    lines: list[str] = []
+    monkeypatch.setattr(progress, "terminal", False)
+    monkeypatch.setattr(progress, "write", lines.append)
+    monkeypatch.setattr(adaptive, "_score", lambda *a, **k: pytest.fail("scored more items"))
+    quality = adaptive.grow_until_decided(
+        control, broken, EngineFacts(base_url="http://s", model="control", command=["vllm"]),
+        spec, baseline, results, POLICY, {"math": 1000}, 2)
+    assert quality.looks <= 1 and len(quality.tasks["math"].items) == 120
+    assert any("already fails quality.accuracy" in line for line in lines), lines
+
+
 def test_an_unresolved_length_rule_grows_the_sets_as_far_as_the_parent_reaches():
     base = answers("math", [truth(i) for i in range(200)])
     stage = answers("math", [truth(i) for i in range(120)])
