@@ -612,11 +612,11 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
 def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline: QualityResult,
                    policy: GatePolicy) -> dict[str, list[str]]:
     """The sets to grow while a blocking length rule is inconclusive, each with the open rules
-    it grows for: the sets whose own ratio
-    (vs the parent or vs the baseline) is unresolved, or, where only the pooled one is, those in
-    which an answer changed length. A set whose answers all kept their length (the demo's long-context
-    retrievals, its costliest items) carries no drift to resolve: more of it would only dilute
-    the pooled ratio toward x1, a pass bought by averaging in zeros."""
+    it grows for: the sets whose own ratio (vs the parent or vs the baseline) is unresolved, or,
+    where only the pooled one is, those in which an answer changed length. A set whose answers
+    all kept their length (the demo's long-context retrievals, its costliest items) carries no
+    drift to resolve: more of it would only dilute the pooled ratio toward x1, a pass bought by
+    averaging in zeros."""
     def wrap(name: str, quality: QualityResult) -> StageRecord:
         return StageRecord(name=name, kind="stage", parent=None, axes={}, quality=quality)
 
