@@ -52,6 +52,13 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
     return task.items
 
 
+def so_far(stage: Stage, quality: QualityResult) -> StageRecord:
+    """The stage's record as measured so far (its quality alone), for the rules that can end the
+    looks early."""
+    return StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
+                       axes=stage.axes.model_dump(exclude={"emulated"}))
+
+
 def length_fails_for_good(stage: Stage, quality: QualityResult, parent: StageRecord,
                           baseline: StageRecord, policy: GatePolicy) -> list[str]:
     """The required length rules the stage already fails at one look's share of alpha: its
@@ -63,9 +70,7 @@ def length_fails_for_good(stage: Stage, quality: QualityResult, parent: StageRec
     q = policy.quality
     strict = policy.model_copy(update={"quality": q.model_copy(
         update={"alpha": look_alpha(q.alpha, q.max_looks)})})
-    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
-                       axes=stage.axes.model_dump(exclude={"emulated"}))
-    return [c.rule for c in length_checks(mine, parent, strict, baseline)
+    return [c.rule for c in length_checks(so_far(stage, quality), parent, strict, baseline)
             if c.rule in ("length", "length.baseline") and c.status == "fail"]
 
 
@@ -74,9 +79,7 @@ def accuracy_fails_for_good(stage: Stage, quality: QualityResult, parent: StageR
     """The accuracy rules the stage fails on this look's interval: the first look that decides a
     rule is its verdict (gates.accuracy.quality_checks), so more items cannot undo the rollback
     and another look (for length, or another set) would only spend engine time."""
-    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
-                       axes=stage.axes.model_dump(exclude={"emulated"}))
-    return [c.rule for c in checks_at_look(mine, parent, baseline, policy)
+    return [c.rule for c in checks_at_look(so_far(stage, quality), parent, baseline, policy)
             if c.status == "fail" and not c.passed and "ci_low" in c.details
             and not c.details.get("sets_too_small")]
 

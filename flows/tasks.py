@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from evalsets.results import QualityResult
 from evalsets.runner import run_quality
-from flows.adaptive import grow_until_decided
+from flows.adaptive import grow_until_decided, so_far
 from flows.engines import KeptEngines
 from flows.plan import BASELINE, Stage
 from flows.preflight import Prepared
@@ -85,8 +85,7 @@ def failed_for_good(stage: Stage, quality: QualityResult, results_dir: Path,
     rollback whatever the accuracy says, so looking again would only spend engine time."""
     parent = StageRecord.read(results_dir / stage.parent)
     baseline = StageRecord.read(results_dir / prepared.stages[0].name)
-    mine = StageRecord(name=stage.name, kind=stage.kind, parent=stage.parent, quality=quality,
-                       axes=stage.axes.model_dump(exclude={"emulated"}))
+    mine = so_far(stage, quality)
     checks = (divergence_checks(mine, prepared.policy)
               + perplexity_checks(mine, parent, baseline, prepared.policy))
     return [c.rule for c in checks if c.applicable and not c.passed and c.status == "fail"]
