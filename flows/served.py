@@ -73,6 +73,10 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache.removesuffix(CALIBRATED):
         problems.append(f"stage {name} serves kv_cache {KV_CACHE_DTYPES.get(kv, kv)} "
                         f"but its axes say {axes.kv_cache}")
+    if axes.kv_cache.endswith(CALIBRATED) and served.config.get("kv_scales") == "1.0":
+        problems.append(f"stage {name} serves its KV cache on vLLM's default scales 1.0 "
+                        f"({served.config_from}) but its axes say {axes.kv_cache}: the "
+                        "checkpoint's kv_cache_scheme scales were not loaded")
     if external:
         return problems
     config = served.config

@@ -29,7 +29,8 @@ def engine_rows(records: list[StageRecord]) -> list[dict[str, str]]:
             "loaded": f"{_mb(f.weight_memory_bytes)} {vs['weight_memory_bytes']}".strip(),
             "kv": f"{f.kv_cache_tokens:,} {vs['kv_cache_tokens']}".strip() if f.kv_cache_tokens
             else "-",
-            "kv_dtype": str(f.kv_cache_dtype or record.axes.get("kv_cache", "-")),
+            "kv_dtype": str(f.kv_cache_dtype or record.axes.get("kv_cache", "-"))
+            + (" (default scales 1.0)" if f.kv_default_scales else ""),
             "kernels": f.kernels() or "-",
             "startup": f"{f.startup_s:.0f} s" if f.startup_s else "-",
             "version": str(f.version or "-"), "command": f.command_line(),

@@ -48,6 +48,9 @@ class EngineFacts(BaseModel):
         default=False, description="FP8 weights through Marlin on a GPU without FP8 units: "
         "weight-only, activations unquantized.")
     attention_backend: str | None = None
+    kv_default_scales: bool = Field(
+        default=False, description="An FP8 KV cache on vLLM's default scales (1.0, "
+        "uncalibrated), as its start-up log says.")
     max_model_len: int | None = None
     startup_s: float | None = Field(default=None, description="Seconds from launch to healthy.")
     pid: int | None = Field(default=None, description="The engine's process, when this run "

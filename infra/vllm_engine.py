@@ -30,7 +30,8 @@ def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, 
         weight_bytes=disk_bytes, weight_memory_bytes=logged.weight_memory_bytes,
         quantization=logged.quantization, linear_kernels=logged.linear_kernels,
         fp8_marlin_fallback=logged.fp8_marlin_fallback,
-        attention_backend=logged.attention_backend, max_model_len=model.get("max_model_len"),
+        attention_backend=logged.attention_backend, kv_default_scales=logged.kv_default_scales,
+        max_model_len=model.get("max_model_len"),
     )
 
 
@@ -48,4 +49,7 @@ class VllmEngine(LaunchedEngine):
 
     @classmethod
     def served_config(cls, facts: EngineFacts, log_text: str) -> dict[str, str]:
-        return engine_config(log_text)
+        config = engine_config(log_text)
+        if facts.kv_default_scales:
+            config["kv_scales"] = "1.0"  # vLLM's default: the checkpoint gave none
+        return config

