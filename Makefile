@@ -14,7 +14,7 @@ export VLLM_NO_USAGE_STATS := 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export QG_LLMCOMPRESSOR_PYTHON := $(abspath $(LC_VENV))/bin/python
 
-.PHONY: setup models demo formats test system-deps clean gpu-check
+.PHONY: setup models demo formats test system-deps clean gpu-check gpu-check-run
 
 # uv installs a lock in seconds where pip takes two minutes. The main venv is byte-compiled once here
 # (where PYTHONDONTWRITEBYTECODE is set, every engine, run and test process would otherwise compile
@@ -76,7 +76,10 @@ formats: models
 # The machines' find-links hold torch's +cpu build, which `torch==X` would match: not for this venv.
 CUDA_VENV := .venv-cuda
 CUDA_VLLM := 0.33.0
-CUDA_QG := $(CUDA_VENV)/bin/quantgate
+# A lent GPU machine with no registry: `make gpu-check-run CUDA_PY=python3` with CUDA vLLM and this
+# package's needs on PYTHONPATH (`python -m tools.cuda_carry --with-quantgate` carries them).
+CUDA_PY ?= $(CUDA_VENV)/bin/python
+CUDA_QG := $(CUDA_PY) -m flows.cli
 GPU_CHECK := flows/specs/gpu-check.yaml
 
 $(CUDA_VENV)/.installed: pyproject.toml
@@ -91,7 +94,11 @@ $(CUDA_VENV)/.installed: pyproject.toml
 gpu-check:
 	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error make gpu-check needs a CUDA GPU: nvidia-smi is missing or lists none on this machine; run it on a CUDA host))
 	@$(MAKE) --no-print-directory $(CUDA_VENV)/.installed
-	$(CUDA_VENV)/bin/python -m infra.fp8_checkpoint $(MODELS)
+	@$(MAKE) --no-print-directory gpu-check-run
+
+gpu-check-run:
+	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error make gpu-check needs a CUDA GPU: nvidia-smi is missing or lists none on this machine; run it on a CUDA host))
+	$(CUDA_PY) -m infra.fp8_checkpoint $(MODELS)
 	$(CUDA_QG) validate $(GPU_CHECK)
 	$(CUDA_QG) run $(GPU_CHECK); test $$? -le 1
 	$(CUDA_QG) gate $$(ls -d runs/smollm2-135m-gpu-check-* | tail -1); test $$? -le 1

