@@ -33,7 +33,7 @@ from scipy.stats import norm
 from evalsets.results import QualityItem, QualityResult
 from evalsets.sampling import sub_items
 from gates import stats
-from gates.length import length_checks, length_ratios
+from gates.length import length_checks, length_ratios, over_censored
 from gates.noninferiority import (
     Stratum,
     design_effect,
@@ -632,7 +632,8 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
         math set of the demo model, 71 % cut, asked for look after look)."""
         n = check.details.get("n") or 0
         cut = max(check.details.get("cut", 0), check.details.get("reference_cut", 0))
-        return not (n and cut / n > most)
+        return not over_censored(cut, n, most, look_alpha(policy.quality.alpha,
+                                                          policy.quality.max_looks))
 
     found = [c for c in length_checks(stage_record, parent_record, policy, base_record,
                                       finish=False)

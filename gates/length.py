@@ -27,19 +27,20 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   limit, Holm-adjusted over the sets and the pool, is below quality.alpha (the full level: a
   drifting stage stops the looks at once), so drift in some sets cannot hide behind unchanged
   ones; a set's own unresolved ratio is shown, not blocking.
-- Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks
-  whatever the policy says. A side whose uncut answers are too few or all alike to show a
-  spread borrows the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows
-  one, nothing can be fitted. One where either side has more than length.max_censored_share of
-  its answers cut, or whose fits do not converge, cannot carry a fit (its mean would rest on
-  the normal tail): its ratio is then the restricted mean (each cut answer at its cut length, as
-  survival analysis restricts a mean to its horizon), which says how lengths moved within the
-  budget and nothing beyond it. It may pass only while the answers newly cut at the budget,
-  over all sets against this reference, are bounded (the upper end of their 1 - 2 alpha Wilson
-  interval within length.max_length_finish_increase): what ran past the budget is then a few
-  answers, not the drift (a control whose 2 changed answers of 162 both ran to the budget).
-  Otherwise it cannot pass, and fails only where the restricted mean is a bound (no reference
-  answer alone was cut) that already lies confidently above the limit.
+- Fail closed: a set with fewer than quality.min_items pairs is inconclusive and blocks whatever
+  the policy says. A side whose uncut answers are too few or all alike to show a spread borrows
+  the other side's (FALLBACK_SIGMA if that one's fit fails); where neither shows one, nothing can
+  be fitted. One where either side has confidently more than length.max_censored_share of its
+  answers cut (the lower end of the share's Wilson interval above it: the cap is on the true
+  share), or whose fits do not converge, cannot carry a fit (its mean would rest on the normal
+  tail): its ratio is then the restricted mean (each cut answer at its cut length, as survival
+  analysis restricts a mean to its horizon), which says how lengths moved within the budget and
+  nothing beyond it. It may pass only while the answers newly cut at the budget, over all sets
+  against this reference, are bounded (the upper end of their 1 - 2 alpha Wilson interval within
+  length.max_length_finish_increase): what ran past the budget is then a few answers, not the
+  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise it cannot
+  pass, and fails only where the restricted mean is a bound (no reference answer alone was cut)
+  that already lies confidently above the limit.
 """
 
 from __future__ import annotations
@@ -256,6 +257,16 @@ def _shift(pairs: Pairs) -> tuple[float, float] | None:
     return mu_stage - mu_reference, se
 
 
+def over_censored(cut: int, n: int, most: float, alpha: float) -> bool:
+    """More than `most` of one side's `n` answers cut at the budget, confidently: the lower end
+    of the share's 1 - 2 alpha Wilson interval lies above it. The cap is on the set's true
+    share; read at its point, an equivalent set whose share sits near the cap (20 code items,
+    40 % cut) crossed it every other run and left the pooled ratio unbounded."""
+    if n == 0:
+        return False
+    return float(stats.binomtest(cut, n).proportion_ci(1 - 2 * alpha, "wilson").low) > most
+
+
 def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy, alpha: float,
           budget_held: bool = False) -> Drift:
     """The censored mean log ratio of one set (see the module docstring) at one-sided level
@@ -275,9 +286,11 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy, alpha: 
     if not either_cut.any():
         return _drift(mean, se, counts, alpha, bounds)
     share = max(pairs.stage_cut.mean(), pairs.reference_cut.mean())
+    over = over_censored(int(max(pairs.stage_cut.sum(), pairs.reference_cut.sum())), n, most,
+                         alpha)
     spread = (_spread_known(pairs.stage, pairs.stage_cut)
               or _spread_known(pairs.reference, pairs.reference_cut))
-    fit = _shift(pairs) if share <= most and spread else None
+    fit = _shift(pairs) if not over and spread else None
     if fit is not None:
         return _drift(*fit, counts, alpha, bounds)
     # Each answer at its cut length: the restricted mean, the ratio within the budget. A pair
@@ -294,8 +307,8 @@ def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy, alpha: 
         return Drift(mean, low, high, **counts, p_above=p_above, p_below=p_below, se=se,
                      df=n - 1, restricted=True)
     low, high = low if bounds_below else -math.inf, high if bounds_above else math.inf
-    why = (f"{share:.0%} of one side's answers cut at the budget, more than a normal fit can "
-           f"carry (max {most:.0%})" if share > most else "neither side's uncut answers show a "
+    why = (f"{share:.0%} of one side's answers cut at the budget, confidently more than a "
+           f"normal fit can carry (max {most:.0%})" if over else "neither side's uncut answers show a "
            "spread to fit" if not spread else "the normal fits do not converge")
     bound = (f"; within the budget (each answer at its cut length) the ratio is at least "
              f"x{math.exp(low):.3f}" if math.isfinite(low) else

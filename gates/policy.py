@@ -186,8 +186,9 @@ class LengthRules(Rules):
         "step's allowance."
     )
     max_censored_share: float = Field(
-        0.5, gt=0, lt=1, description="A set with more of its changed pairs cut at the budget "
-        "(either answer) than this cannot pass (its ratio would rest on the censored tail)."
+        0.5, gt=0, lt=1, description="A set with confidently more of one side's answers cut at "
+        "the budget than this (the share's Wilson lower bound above it) cannot pass (its ratio "
+        "would rest on the censored tail)."
     )
     required: bool = Field(True, description="An inconclusive length CI blocks the go.")
     max_length_finish_increase: Annotated[float, _off_above(MAX_SHARE, "half the answers")] = Field(

@@ -9,7 +9,7 @@ import pytest
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
 from gates.decide import decide
-from gates.length import length_checks, length_ratios
+from gates.length import length_checks, length_ratios, over_censored
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.simulate import stage_lengths
@@ -217,8 +217,19 @@ def test_a_set_mostly_cut_on_one_side_cannot_carry_a_fit():
     length = length_checks(cut("w", "baseline", longer), cut("baseline", None, parent_lengths),
                            POLICY)[0]
     assert length.status == "inconclusive" and not length.passed, length.reason
-    assert ("of one side's answers cut at the budget, more than a normal fit can carry (max 50%)"
-            in length.reason)
+    assert ("of one side's answers cut at the budget, confidently more than a normal fit can "
+            "carry (max 50%)" in length.reason)
+
+
+def test_the_censoring_cap_is_on_the_true_share_not_a_small_sets_reading():
+    """At 40 % cut, 20 items read 11 or more cut one run in five: the cap (50 %) refuses a fit
+    only where the share's lower bound lies above it (the benchmark's A/A at 40 % cut went 68 %
+    with the share read at its point, 98 % so)."""
+    alpha = 0.05 / 3
+    assert not over_censored(12, 20, 0.5, alpha)  # 60 % of 20: could be 40 %
+    assert over_censored(70, 100, 0.5, alpha)  # 70 % of 100: confidently above
+    assert not over_censored(55, 100, 0.5, alpha) and over_censored(600, 1000, 0.5, alpha)
+    assert not over_censored(0, 0, 0.5, alpha)
 
 
 def test_too_few_pairs_block_even_where_the_rule_is_advisory():

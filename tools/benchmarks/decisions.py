@@ -72,6 +72,8 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
         Scenario("length x1.00, 40 % cut at the budget", sets=heavy_cut),
         Scenario("length x1.10 (the limit), 20 % cut", [Step(length={"*": 1.10})], "rollback",
                  sets=cut_budget),
+        Scenario("length x1.10 (the limit), 40 % cut", [Step(length={"*": 1.10})], "rollback",
+                 sets=heavy_cut),
         Scenario("length x1.15 on math/business/code only",
                  [Step(length={"math": 1.15, "business": 1.15, "code": 1.15})], "rollback"),
         Scenario("length x1.05 per step over 3 stages", [Step(length={"*": 1.05**k})

@@ -124,3 +124,12 @@ def test_a_pool_worker_dies_of_sigterm_whatever_its_forked_caller_had():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_equivalent_stage_with_many_answers_cut_at_the_budget_goes():
+    """40 % of the answers cut on both sides: a small set's share crosses the 50 % cap every
+    other run by chance, which left the pooled ratio unbounded (68 % go in 400 trials); the cap
+    is on the true share now (98 %). The same stage at x1.10 still rolls back."""
+    rate, blocking = p_go(row("length x1.00, 40 % cut at the budget"), POLICY, trials=12, seed=5)
+    assert rate >= 10 / 12, blocking
+    assert p_go(row("length x1.10 (the limit), 40 % cut"), POLICY, trials=6, seed=6)[0] <= 1 / 6
