@@ -24,6 +24,7 @@ from flows.served import Served, mismatches
 from flows.spec import Spec
 from gates.engine_facts import kernel_changes
 from gates.record import StageRecord
+from infra.fp8_checkpoint import QUANTIZATION_CONFIG
 from infra.placement import parse_nvidia_smi
 from infra.vllm_engine import VllmEngine, engine_facts
 from infra.vllm_facts import read_log
@@ -154,8 +155,6 @@ def test_fp8_weight_only_on_hopper_runs_a_kernel_its_log_does_not_name():
 
 
 def test_the_served_check_passes_the_fp8_weight_only_checkpoint(tmp_path, monkeypatch):
-    from infra.fp8_checkpoint import QUANTIZATION_CONFIG
-
     monkeypatch.chdir(tmp_path)
     base = make_checkpoint(Path("models/smollm2-135m-bf16"))
     fp8 = make_checkpoint(Path("models/smollm2-135m-fp8-weights"), QUANTIZATION_CONFIG)
@@ -189,8 +188,6 @@ def test_an_fp8_kv_cache_doubles_the_tokens_and_its_default_scales_are_read():
 def kv_stage(tmp_path, calibrated: bool):
     """An FP8 KV stage after FP8 weights; `calibrated`: its checkpoint declares kv_cache_scheme
     scales (the axis '/calibrated'), else it serves the weights stage's checkpoint."""
-    from infra.fp8_checkpoint import QUANTIZATION_CONFIG
-
     base = make_checkpoint(tmp_path / "models" / "smollm2-135m-bf16")
     weights = make_checkpoint(tmp_path / "models" / "fp8", QUANTIZATION_CONFIG)
     scheme = QUANTIZATION_CONFIG | {"kv_cache_scheme": {"num_bits": 8, "type": "float",
