@@ -24,7 +24,9 @@ from pathlib import Path
 
 import httpx
 
+from evalsets.contracts import data_files
 from evalsets.jsonl import read_jsonl
+from evalsets.spec import get_evalset
 from flows.spec import EngineFlags
 from infra.ports import free_port
 from infra.probe import healthy
@@ -32,7 +34,6 @@ from infra.process import LoggedProcess, stop_group
 from infra.vllm_args import VllmEngineSpec, build_command, cpu_process_env
 
 BUSY_LOOP = ["nice", "-n", "19", sys.executable, "-c", "while True: pass"]
-LONG_CONTEXT = Path(__file__).resolve().parents[2] / "evalsets" / "long_context" / "data.jsonl"
 
 
 def placements(spec: VllmEngineSpec) -> dict[str, dict[str, str]]:
@@ -44,7 +45,8 @@ def placements(spec: VllmEngineSpec) -> dict[str, dict[str, str]]:
 
 async def prompt_tokens_per_s(base_url: str, model: str, in_flight: int = 11) -> float:
     """Prefill: the long-context prompts, a short answer each (the pass key)."""
-    prompts = [f"{row['context']}\n\n{row['question']}" for row in read_jsonl(LONG_CONTEXT)][:40]
+    (data,) = data_files(get_evalset("long_context"))
+    prompts = [f"{row['context']}\n\n{row['question']}" for row in read_jsonl(data)][:40]
     gate = asyncio.Semaphore(in_flight)
 
     async def one(client: httpx.AsyncClient, prompt: str) -> int:
