@@ -470,15 +470,16 @@ def _evaluate(lm: Any, config: dict[str, Any], spec: EvalSetSpec, root: str,
 
 def prepare_corpus(out_dir: Path, corpus_from: Path | None, tokenizer_dir: Path,
                    set_names: list[str], apply_chat_template: bool,
-                   max_model_len: int | None = None) -> None:
-    """The baseline builds the scoring corpus from its answers; a later stage copies it. Without
-    one (no tokenizer, an older baseline) the prose texts are scored as text, as before."""
+                   max_model_len: int | None = None, corpus_tokens: int | None = None) -> None:
+    """The baseline builds the scoring corpus from its answers (at most `corpus_tokens` scored
+    tokens); a later stage copies it. Without one (no tokenizer, an older baseline) the prose
+    texts are scored as text, as before."""
     from evalsets.token_corpus import MAX_SEQUENCE_TOKENS, ScoringCorpus, build_corpus
 
     longest = min(MAX_SEQUENCE_TOKENS, max_model_len - 1 if max_model_len else MAX_SEQUENCE_TOKENS)
     try:
         corpus = (build_corpus(out_dir, set_names, tokenizer_dir, apply_chat_template,
-                               max_sequence_tokens=longest)
+                               max_sequence_tokens=longest, max_tokens=corpus_tokens)
                   if corpus_from is None else ScoringCorpus.read(corpus_from))
     except MeasurementError as err:
         log.error("quality: no scoring corpus from the answers, prose only: %s", err)
@@ -500,6 +501,7 @@ def run_quality(
     kv_cache_tokens: int | None = None,
     corpus_from: Path | None = None,
     structured_output: bool = False,
+    corpus_tokens: int | None = None,
 ) -> QualityResult:
     """Every eval set, then (optionally) corpus perplexity; results also saved under `out_dir`.
 
@@ -512,8 +514,9 @@ def run_quality(
     With `max_model_len` (the served context), groups whose prompts cannot fit are left out
     (long-context buckets beyond the engine's context), logged, never silently truncated.
     Perplexity scores the scoring corpus (evalsets.token_corpus): the baseline builds it from
-    its own answers; later stages score a copy of it from `corpus_from` (the baseline's quality
-    folder), keeping their own per-position logprobs. This measures one stage: pairing them with
+    its own answers, within `corpus_tokens` scored tokens (the gate policy's budget); later stages
+    score a copy of it from `corpus_from` (the baseline's quality folder), keeping their own
+    per-position logprobs. This measures one stage: pairing them with
     the baseline's and the parent's happens after, from the stored files (gates.token_pairs).
     """
     from evalsets.contracts import fit_to_context, requests_in_flight
@@ -548,7 +551,7 @@ def run_quality(
         # A choice set's logged "response" is a log-likelihood, not text to score.
         generated = [s.name for s in sets if getattr(s.scorer, "kind", None) != "choice"]
         prepare_corpus(out_dir, corpus_from, tokenizer_dir, generated, apply_chat_template,
-                       max_model_len)
+                       max_model_len, corpus_tokens)
         result.perplexity = measure_perplexity(base_url, model, out_dir).perplexity
         result.scoring_s = round(time.monotonic() - started, 2)
     result.save(out_dir)

@@ -12,7 +12,9 @@ repeats identically in every item and is skipped); prose from its second token. 
 alone are ~7k tokens in the demo configuration, so the prompts (in-distribution text the eval
 really sends) and the long-context items up to `MAX_SEQUENCE_TOKENS` carry the corpus past 20k
 tokens; longer items are left out and listed in `skipped`: their context costs ~2 s of prompt
-logprobs per 1k tokens on a 2-core CPU for a ~10-token answer.
+logprobs per 1k tokens on a 2-core CPU for a ~10-token answer. The gate policy's
+`divergence.corpus_tokens` bounds the whole (prompt logprobs cost ~1 ms a token there, whatever
+the sets' sizes): each set gives its first items within an equal share (within_budget).
 """
 
 from __future__ import annotations
@@ -174,10 +176,12 @@ def build_corpus(
     prose_dir: Path | None = None,
     max_sequence_tokens: int = MAX_SEQUENCE_TOKENS,
     samples_file: Callable[[Path, str], Path] | None = None,
+    max_tokens: int | None = None,
 ) -> ScoringCorpus:
     """The baseline's answers to each set's items (from `quality_dir/<set>/`; a sampled set's
     first sample, `<set>-s0/`) plus the prose (`prose_dir`, default evalsets/corpus/);
-    sequences over `max_sequence_tokens` are skipped."""
+    sequences over `max_sequence_tokens` are skipped. `max_tokens`: the most scored tokens
+    (within_budget)."""
     from evalsets.results import SAMPLES_FILE, sample_folder
 
     def answers(folder: Path, name: str) -> Path:
@@ -190,24 +194,58 @@ def build_corpus(
                  else tokenizer_or_dir)
     render = Renderer(tokenizer, chat_template)
     where = samples_file or answers
-    sequences, skipped = [], []
+    per_set: dict[str, list[ScoredSequence]] = {}
+    skipped = []
     for set_name in set_names:
         path = where(quality_dir, set_name)
         if not path.is_file():
             raise MeasurementError(f"scoring corpus: no lm-eval samples for {set_name!r} at {path}")
+        kept = per_set.setdefault(set_name, [])
         for item_id, prompt, answer in logged_items(path):
             sequence = render.item(f"{set_name}/{item_id}", prompt, answer)
             if len(sequence.token_ids) > max_sequence_tokens:
                 skipped.append(f"{sequence.name}: {len(sequence.token_ids)} tokens > "
                                f"{max_sequence_tokens}")
                 continue
-            sequences.append(sequence)
-    for path in sorted((prose_dir or PROSE_DIR).glob("*.txt")):
-        sequences.append(render.prose(f"prose/{path.stem}", path.read_text()))
+            kept.append(sequence)
+    prose = [render.prose(f"prose/{path.stem}", path.read_text())
+             for path in sorted((prose_dir or PROSE_DIR).glob("*.txt"))]
+    if max_tokens is not None:
+        per_set, over = within_budget(per_set, max_tokens - sum(scored(s) for s in prose))
+        skipped += [f"{name}: {count} items over the corpus budget of {max_tokens:,} scored "
+                    "tokens" for name, count in over.items() if count]
+    sequences = [sequence for kept in per_set.values() for sequence in kept] + prose
     corpus = ScoringCorpus(source=str(quality_dir), chat_template=chat_template,
                            sequences=sequences, skipped=skipped)
     if corpus.tokens == 0:
         raise MeasurementError(f"scoring corpus from {quality_dir} has no tokens to score")
-    log.info("scoring corpus: %d sequences, %d scored tokens, %d items skipped (longer than %d)",
-             len(sequences), corpus.tokens, len(skipped), max_sequence_tokens)
+    log.info("scoring corpus: %d sequences, %d scored tokens, %d items skipped (longer than %d "
+             "tokens, or over a budget of %s)", len(sequences), corpus.tokens, len(skipped),
+             max_sequence_tokens, f"{max_tokens:,}" if max_tokens is not None else "none")
     return corpus
+
+
+def scored(sequence: ScoredSequence) -> int:
+    return sum(span.end - span.start for span in sequence.spans)
+
+
+def within_budget(per_set: dict[str, list[ScoredSequence]], budget: int
+                  ) -> tuple[dict[str, list[ScoredSequence]], dict[str, int]]:
+    """Each set's first items within an equal share of `budget` scored tokens; a set that needs
+    less than its share leaves the rest to the others (water-filling, smallest set first), so
+    every set is in the corpus and none crowds the others out. (kept per set, items left out)"""
+    need = {name: sum(scored(s) for s in kept) for name, kept in per_set.items()}
+    left, shares = max(0, budget), {}
+    for count, name in enumerate(sorted(need, key=need.__getitem__)):
+        shares[name] = min(need[name], left // (len(need) - count))
+        left -= shares[name]
+    kept, over = {}, {}
+    for name, sequences in per_set.items():
+        total, prefix = 0, []
+        for sequence in sequences:
+            if total + scored(sequence) > shares[name]:
+                break
+            total += scored(sequence)
+            prefix.append(sequence)
+        kept[name], over[name] = prefix, len(sequences) - len(prefix)
+    return kept, over

@@ -48,6 +48,7 @@ def measure_quality(
         num_concurrent=settings.num_concurrent, max_model_len=facts.max_model_len,
         kv_cache_tokens=facts.kv_cache_tokens,
         corpus_from=baseline, structured_output=stage.structured_output,
+        corpus_tokens=prepared.policy.divergence.corpus_tokens if prepared else None,
     )
     if baseline is None:
         return quality

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.values import MAX_RESAMPLES, at_most
@@ -126,6 +126,22 @@ class DivergenceRules(Rules):
         "spread to resample, and under ~30 the interval of a heavy-tailed mean falls below it "
         "more often than its level allows (python -m tools.benchmarks.divergence)."
     )
+    corpus_tokens: int = Field(
+        24_000, ge=2_000, description="Scored tokens of the scoring corpus at most: each set "
+        "gives an equal share of its items, in order (a set that needs less leaves the rest to "
+        "the others), the prose always in. Prompt logprobs cost every stage about 1 ms a token "
+        "on 2 CPU cores, whatever the set sizes; the KL's interval holds its level at any size "
+        "of at least min_blocks blocks, and narrows as it grows."
+    )
+
+    @model_validator(mode="after")
+    def _corpus_holds_min_blocks(self) -> DivergenceRules:
+        least = self.min_blocks * self.block_tokens
+        if self.corpus_tokens < least:
+            raise ValueError(f"corpus_tokens {self.corpus_tokens:,} cannot hold min_blocks "
+                             f"{self.min_blocks} blocks of block_tokens {self.block_tokens} "
+                             f"({least:,} tokens): no corpus that size could decide")
+        return self
 
 
 class PerplexityRules(Rules):

@@ -100,7 +100,8 @@ def main(
             started = time.monotonic()
             run_quality(facts.base_url, facts.model, load_spec(spec).evalsets, base_dir,
                         tokenizer_dir=(models_dir / "smollm2-135m-bf16").resolve(),
-                        max_model_len=facts.max_model_len)
+                        max_model_len=facts.max_model_len,
+                        corpus_tokens=rules.divergence.corpus_tokens)
             log.info("baseline eval sets + corpus + scoring: %.0f s", time.monotonic() - started)
     corpus = ScoringCorpus.read(base_dir)
     print(f"corpus: {len(corpus.sequences)} sequences, {corpus.tokens} scored tokens, "

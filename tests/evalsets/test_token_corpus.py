@@ -152,6 +152,49 @@ def test_items_longer_than_the_served_context_are_left_out(tmp_path, prose, monk
     assert corpus.skipped == ["math/m2: 103 tokens > 79"]
 
 
+def test_a_budget_gives_each_set_an_equal_share_of_its_first_items(tmp_path, prose):
+    """A small set keeps every item; the large ones share what it left, each its first items;
+    the prose is always in; what was left out is said once per set."""
+    quality = tmp_path / "quality"
+    _samples(quality / "math", [(f"m{i}", "x" * 20, "y" * 20) for i in range(40)])
+    _samples(quality / "code", [(f"c{i}", "x" * 20, "y" * 20) for i in range(40)])
+    _samples(quality / "tiny", [("t0", "x" * 20, "y" * 20)])
+    whole = build_corpus(quality, ["math", "code", "tiny"], ChatTokenizer(), prose_dir=prose)
+    per_item = (whole.tokens - 10) // 81  # every item scores alike here; the prose 10
+    budget = 10 + per_item * 21 + per_item // 2  # room for 21 items and half of another
+    corpus = build_corpus(quality, ["math", "code", "tiny"], ChatTokenizer(), prose_dir=prose,
+                          max_tokens=budget)
+    names = [s.name for s in corpus.sequences]
+    assert names == ([f"math/m{i}" for i in range(10)] + [f"code/c{i}" for i in range(10)]
+                     + ["tiny/t0", "prose/garden"])
+    assert corpus.tokens <= budget
+    assert corpus.skipped == [f"math: 30 items over the corpus budget of {budget:,} scored tokens",
+                              f"code: 30 items over the corpus budget of {budget:,} scored tokens"]
+    # A budget the sets fit in changes nothing.
+    assert build_corpus(quality, ["math", "code", "tiny"], ChatTokenizer(), prose_dir=prose,
+                        max_tokens=whole.tokens) == whole
+
+
+def test_the_policy_budget_reaches_the_baselines_corpus(tmp_path, prose, monkeypatch):
+    from gates.policy import load_policy
+
+    _samples(tmp_path / "math", [(f"m{i}", "x" * 20, "y" * 20) for i in range(3000)])
+    monkeypatch.setattr("evalsets.token_corpus.load_tokenizer", lambda folder: ChatTokenizer())
+    monkeypatch.setattr("evalsets.token_corpus.PROSE_DIR", prose)
+    budget = load_policy("default").divergence.corpus_tokens
+    prepare_corpus(tmp_path, None, tmp_path / "tokenizer", ["math"], True, corpus_tokens=budget)
+    corpus = ScoringCorpus.read(tmp_path)
+    assert budget - 60 < corpus.tokens <= budget  # full, to within one item
+
+
+def test_a_budget_below_min_blocks_is_refused_by_the_policy():
+    from gates.policy import DivergenceRules
+
+    with pytest.raises(ValueError, match="corpus_tokens 2,400 cannot hold min_blocks 40 blocks"):
+        DivergenceRules(corpus_tokens=2_400, min_blocks=40, block_tokens=64)
+    assert DivergenceRules(corpus_tokens=2_000, min_blocks=10).corpus_tokens == 2_000
+
+
 def test_without_a_tokenizer_the_prose_is_scored_as_text(tmp_path, monkeypatch):
     from infra.errors import MeasurementError
 
