@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 # corpus 44 s; start-up 21 s with the worker in the engine-core process, 44 s as three
 # processes); with 4 in flight math was 0.8 s an item. Long context per item depends on its
 # buckets (2026-12-04): 30 items to 2k tokens 38 s (the demo's), 40 to 4k 90-96 s (the e2e
-# tree's). AVX2 (FACTS.md: math 60 items 234 s, long context 40 items 496 s, corpus 365 s,
+# tree's). The corpus within the policy's 24,000-token budget (2026-12-05): 35 s on the e2e
+# tree's baseline (23,252 scored tokens), where the demo's unbounded 34,913 took 44 s.
+# AVX2 (FACTS.md: math 60 items 234 s, long context 40 items 496 s, corpus 365 s,
 # start-up 78-103 s, float32, 4 in flight) was about four times slower; not measured since.
 AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
-                "long_context": 1.25, "conversation": 0.2, "scoring": 44.0, "load": 45.0}
+                "long_context": 1.25, "conversation": 0.2, "scoring": 35.0, "load": 45.0}
 AVX2_FACTOR = 4.0
 
 
