@@ -49,6 +49,11 @@ class ScoredSequence(BaseModel):
     token_ids: list[int]
     spans: list[Span]
 
+    @property
+    def tokens(self) -> int:
+        """Scored positions."""
+        return sum(span.end - span.start for span in self.spans)
+
 
 class ScoringCorpus(BaseModel):
     source: str = Field(description="Where it was built from (the baseline's quality folder).")
@@ -59,7 +64,7 @@ class ScoringCorpus(BaseModel):
     @property
     def tokens(self) -> int:
         """Scored positions."""
-        return sum(span.end - span.start for seq in self.sequences for span in seq.spans)
+        return sum(sequence.tokens for sequence in self.sequences)
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
@@ -211,7 +216,7 @@ def build_corpus(
     prose = [render.prose(f"prose/{path.stem}", path.read_text())
              for path in sorted((prose_dir or PROSE_DIR).glob("*.txt"))]
     if max_tokens is not None:
-        per_set, over = within_budget(per_set, max_tokens - sum(scored(s) for s in prose))
+        per_set, over = within_budget(per_set, max_tokens - sum(s.tokens for s in prose))
         skipped += [f"{name}: {count} items over the corpus budget of {max_tokens:,} scored "
                     "tokens" for name, count in over.items() if count]
     sequences = [sequence for kept in per_set.values() for sequence in kept] + prose
@@ -225,16 +230,12 @@ def build_corpus(
     return corpus
 
 
-def scored(sequence: ScoredSequence) -> int:
-    return sum(span.end - span.start for span in sequence.spans)
-
-
 def within_budget(per_set: dict[str, list[ScoredSequence]], budget: int
                   ) -> tuple[dict[str, list[ScoredSequence]], dict[str, int]]:
     """Each set's first items within an equal share of `budget` scored tokens; a set that needs
     less than its share leaves the rest to the others (water-filling, smallest set first), so
     every set is in the corpus and none crowds the others out. (kept per set, items left out)"""
-    need = {name: sum(scored(s) for s in kept) for name, kept in per_set.items()}
+    need = {name: sum(s.tokens for s in kept) for name, kept in per_set.items()}
     left, shares = max(0, budget), {}
     for count, name in enumerate(sorted(need, key=need.__getitem__)):
         shares[name] = min(need[name], left // (len(need) - count))
@@ -243,9 +244,9 @@ def within_budget(per_set: dict[str, list[ScoredSequence]], budget: int
     for name, sequences in per_set.items():
         total, prefix = 0, []
         for sequence in sequences:
-            if total + scored(sequence) > shares[name]:
+            if total + sequence.tokens > shares[name]:
                 break
-            total += scored(sequence)
+            total += sequence.tokens
             prefix.append(sequence)
         kept[name], over[name] = prefix, len(sequences) - len(prefix)
     return kept, over

@@ -82,7 +82,7 @@ def cached_speed(cache_dir: Path) -> Speed | None:
     else the newest stage with timings."""
     records = sorted(cache_dir.glob("*/stage.json"), key=lambda p: p.stat().st_mtime,
                      reverse=True) if cache_dir.is_dir() else []
-    found: list[Speed] = []
+    newest: Speed | None = None
     for path in records[:20]:
         try:
             record = StageRecord.read(path.parent)
@@ -93,9 +93,8 @@ def cached_speed(cache_dir: Path) -> Speed | None:
                                f"({day})")
         if speed is not None and record.parent is None:
             return speed
-        if speed is not None:
-            found.append(speed)
-    return found[0] if found else None
+        newest = newest or speed
+    return newest
 
 
 @dataclass
