@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
-from evalsets.code.grading import MEMORY_MB, TIMEOUT_S
 from evalsets.contracts import validate_sets
-from evalsets.sandbox import run_untrusted_many
 from evalsets.scorers import Scorer, score_code
 from evalsets.spec import EvalSetSpec
 from infra.errors import SpecError
@@ -43,25 +41,11 @@ def humaneval_set(path: Path) -> EvalSetSpec:
     return EvalSetSpec(name="humaneval", path=path, id_field="task_id", scorer=SCORER)
 
 
-def test_every_canonical_solution_passes_and_every_stub_fails(problems):
-    scorer = TypeAdapter(Scorer).validate_python(SCORER)
-    tasks = [scorer.task(row) for row in problems]
-    assert len(tasks) == 164 and {task.style for task in tasks} == {"humaneval"}
-    jobs = [(task.program(row["canonical_solution"]), task.tests)
-            for task, row in zip(tasks, problems, strict=True)]
-    jobs += [(task.program(task.stub()), task.tests) for task in tasks]
-    results = run_untrusted_many(jobs, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
-    canonical, stubs = results[:164], results[164:]
-    failing = [f"{row['task_id']}: {result.reason}"
-               for row, result in zip(problems, canonical, strict=True) if not result.passed]
-    passing = [row["task_id"] for row, result in zip(problems, stubs, strict=True) if result.passed]
-    # A stub must fail in the tests, not because the program around it does not load.
-    unloaded = [f"{row['task_id']}: {result.reason}" for row, result in zip(problems, stubs, strict=True)
-                if result.reason.startswith("error in solution.py")]
-    assert (failing, passing, unloaded) == ([], [], [])
-
-
 def test_validate_accepts_humaneval_as_shipped(problems, tmp_path):
+    """validate runs every row in the sandbox (evalsets.code_tests): each canonical solution
+    passes its tests, and each stub of its entry point loads and fails them."""
+    tasks = [TypeAdapter(Scorer).validate_python(SCORER).task(row) for row in problems]
+    assert len(tasks) == 164 and {task.style for task in tasks} == {"humaneval"}
     path = write_jsonl(tmp_path / "HumanEval.jsonl", problems)
     assert validate_sets([humaneval_set(path)]) == {"humaneval": 164}
 
