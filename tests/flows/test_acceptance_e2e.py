@@ -303,8 +303,13 @@ def run_record(folder: Path) -> tuple[dict, dict, dict]:
     return manifest, verdict, records
 
 
-def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree, prefect_api):
-    broken = tmp_path / "broken"
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory, tree, prefect_api):
+    """One run after the tree, from its stored baseline, with two stages beside each other that
+    fail: `broken`, whose checkpoint vLLM cannot load, and `killed`, whose engine is killed in the
+    middle of its math set (one run: a run's own start-up, report and MLflow take 15-20 s)."""
+    folder = tmp_path_factory.mktemp("faults")
+    broken = folder / "broken"
     source = MODELS / "smollm2-135m-w8a16-dequant"
     shutil.copytree(source, broken, ignore=shutil.ignore_patterns("*.safetensors"))
     # The model's own tensors, whose shapes validate checks against config.json, plus one that
@@ -315,36 +320,20 @@ def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(tmp_path, tree,
     tensors = load_file(source / "model.safetensors")
     tensors["model.layers.0.mlp.not_a_module.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    spec = write_spec(tmp_path, [{"name": "w8", "kind": "weights", "checkpoint": str(broken)}],
-                      free_port())
-    result = quantgate("run", str(spec), cwd=tmp_path, prefect_api=prefect_api)
-    assert result.returncode == 1, result.stderr[-3000:]
-    manifest, verdict, records = run_record(tmp_path)
-    assert verdict["decision"] == "rollback"
-    assert any(r.startswith("w8: stage: stage did not finish: not servable: engine exited")
-               for r in verdict["reasons"]), verdict["reasons"]
-    assert records["baseline"]["error"] is None
-    # The baseline the tree measured, through the session's stage cache: no baseline engine.
-    assert "baseline" in manifest["reused"]
-    assert [s.split()[0] for s in manifest["engine_starts"]] == ["w8"]
-
-
-def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path, tree, prefect_api):
-    from flows.cache import StageCache
-
     # Its own engine flag, so that the stage is served here, not taken from the tree's cache.
-    w4 = {"name": "w4", "kind": "weights",
-          "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64-dequant"),
-          "engine_flags": {"extra_args": ["--max-num-seqs", "31"]}}
-    spec = write_spec(tmp_path, [w4], free_port())
-    run = subprocess.Popen([*QUANTGATE, "run", str(spec)], cwd=tmp_path,
-                           env=run_env(tmp_path, prefect_api),
+    killed = {"name": "killed", "kind": "weights", "parent": "baseline",
+              "checkpoint": str(MODELS / "smollm2-135m-w4a16-g64-dequant"),
+              "engine_flags": {"extra_args": ["--max-num-seqs", "31"]}}
+    spec = write_spec(folder, [{"name": "broken", "kind": "weights", "parent": "baseline",
+                                "checkpoint": str(broken)}, killed], free_port())
+    run = subprocess.Popen([*QUANTGATE, "run", str(spec)], cwd=folder,
+                           env=run_env(folder, prefect_api),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 1200
 
     def serving() -> bool:  # the engine is up: its stage sends the math set next
         return any("Application startup complete" in log.read_text(errors="replace")
-                   for log in (tmp_path / "runs").glob("e2e-*/w4/engine.log"))
+                   for log in (folder / "runs").glob("e2e-*/killed/engine.log"))
 
     while not serving() and time.monotonic() < deadline:
         assert run.poll() is None, run.stdout.read()[-3000:]
@@ -354,21 +343,41 @@ def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(tmp_path,
     for pid in engine.stdout.split():
         os.kill(int(pid), signal.SIGKILL)
     out, _ = run.communicate(timeout=1200)
-    assert engine.stdout.split(), "the w4 engine was not found"
+    assert engine.stdout.split(), "the killed stage's engine was not found"
     # The killed server's own processes (its engine core) are stopped with the stage, not left.
     import psutil
 
     left = [p.info for p in psutil.process_iter(["pid", "name", "cwd", "status"])
-            if p.info["cwd"] == str(tmp_path) and p.info["status"] != psutil.STATUS_ZOMBIE]
-    assert left == [], left
-    assert run.returncode == 1, out[-3000:]
-    manifest, verdict, records = run_record(tmp_path)
-    assert records["w4"]["error"].startswith("the engine died during the stage")
+            if p.info["cwd"] == str(folder) and p.info["status"] != psutil.STATUS_ZOMBIE]
+    return folder, run.returncode, out, left
+
+
+def test_a_candidate_vllm_cannot_load_is_a_rollback_not_an_error(faults):
+    folder, code, out, _ = faults
+    assert code == 1, out[-3000:]
+    manifest, verdict, records = run_record(folder)
     assert verdict["decision"] == "rollback"
-    assert any(r.startswith("w4: stage: stage did not finish: the engine died")
+    assert any(r.startswith("broken: stage: stage did not finish: not servable: engine exited")
+               for r in verdict["reasons"]), verdict["reasons"]
+    assert records["baseline"]["error"] is None
+    # The baseline the tree measured, through the session's stage cache: no baseline engine.
+    # The stage after the broken one, beside it, is still served.
+    assert "baseline" in manifest["reused"]
+    assert [s.split()[0] for s in manifest["engine_starts"]] == ["broken", "killed"]
+
+
+def test_an_engine_killed_mid_stage_fails_the_stage_and_keeps_the_rest(faults):
+    from flows.cache import StageCache
+
+    folder, code, out, left = faults
+    assert left == [], left
+    assert code == 1, out[-3000:]
+    manifest, verdict, records = run_record(folder)
+    assert records["killed"]["error"].startswith("the engine died during the stage")
+    assert any(r.startswith("killed: stage: stage did not finish: the engine died")
                for r in verdict["reasons"]), verdict["reasons"]
     # What finished is kept: the baseline stays in the stage cache; the broken stage is not stored.
     cache = StageCache(Path(os.environ["QG_CACHE_DIR"]))
     assert records["baseline"]["error"] is None
     assert cache.lookup(manifest["cache_keys"]["baseline"]) is not None
-    assert cache.lookup(manifest["cache_keys"]["w4"]) is None
+    assert cache.lookup(manifest["cache_keys"]["killed"]) is None
