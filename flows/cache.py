@@ -4,7 +4,8 @@ A key is the sha256 of: the weights and config digest of the checkpoint, the eng
 exact command, the port left out), the eval sets (their data, task configs and the code that
 scores them), the load profile, the hardware, and, for a stage after the baseline, the keys of
 its parent and of the baseline (its divergence, flips and paired timing are against them) and
-the part of the gate policy that decides what is measured (`measuring_policy`). Same key, same
+the part of the gate policy that decides what is measured (`measuring_policy`); for the
+baseline, the budget of the scoring corpus it builds (`divergence.corpus_tokens`). Same key, same
 measurement: a second
 candidate against the same baseline serves no baseline engine, and a run started again after a
 crash resumes after its last finished stage.
@@ -75,6 +76,8 @@ def stage_parts(stage: Stage, spec: Spec, profile: dict, policy: dict,
     if stage.parent is not None:
         parts |= {"parent": keys[stage.parent], "baseline": keys["baseline"],
                   "policy": measuring_policy(policy)}
+    else:  # the baseline builds the scoring corpus every later stage scores, within this budget
+        parts["corpus_tokens"] = policy.get("divergence", {}).get("corpus_tokens")
     return parts
 
 

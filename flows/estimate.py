@@ -31,11 +31,14 @@ if TYPE_CHECKING:
 # buckets (2026-12-04): 30 items to 2k tokens 38 s (the demo's), 40 to 4k 90-96 s (the e2e
 # tree's). The corpus within the policy's 24,000-token budget (2026-12-05): 35 s on the e2e
 # tree's baseline (23,252 scored tokens), where the demo's unbounded 34,913 took 44 s.
-# AVX2 (FACTS.md: math 60 items 234 s, long context 40 items 496 s, corpus 365 s,
-# start-up 78-103 s, float32, 4 in flight) was about four times slower; not measured since.
+# AVX2, float32 (2026-12-05, the e2e tree's baseline on a quiet 2-core EPYC without AVX-512:
+# start-up 41 s, math 200 items 72 s, long context 30 items to 2k 89 s, the corpus 86 s for
+# 24,000 tokens, the ci load 52 s; 346 s where AVX-512 took 146 s): about 2.3 times slower
+# (FACTS.md's figures, four times, were bf16 on a box with another process busy).
 AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
                 "long_context": 1.25, "conversation": 0.2, "scoring": 35.0, "load": 45.0}
-AVX2_FACTOR = 4.0
+AVX2_FACTOR = 2.3
+PRIOR_CORPUS_TOKENS = 24_000  # the scoring corpus of the prior's figure: it costs per token
 
 
 @dataclass
@@ -56,9 +59,10 @@ class Speed:
         return sum(known) / len(known) if known else AVX512_PRIOR["math"]
 
 
-def prior_speed(avx512: bool) -> Speed:
+def prior_speed(avx512: bool, corpus_tokens: int = PRIOR_CORPUS_TOKENS) -> Speed:
     scale = 1.0 if avx512 else AVX2_FACTOR
     rates = {k: v * scale for k, v in AVX512_PRIOR.items()}
+    rates["scoring"] *= corpus_tokens / PRIOR_CORPUS_TOKENS
     return Speed(rates.pop("startup"), {k: v for k, v in rates.items()
                                         if k not in ("scoring", "load")},
                  rates["scoring"], rates["load"],
@@ -191,7 +195,8 @@ class RunEstimate:
         self.first_items = self.works[0].first_items if self.works else {}
         self.rounds_factor = (prepared.policy.latency.max_rounds / max(1, prepared.profile.rounds)
                               if prepared.policy.latency.required else 1.0)
-        self.speed = cached_speed(cache_dir) or prior_speed(avx512)
+        self.speed = cached_speed(cache_dir) or prior_speed(
+            avx512, prepared.policy.divergence.corpus_tokens)
         self.started = time.monotonic()
         self.predicted: dict[str, tuple[float, float]] = {}
 

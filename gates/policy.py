@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.values import MAX_RESAMPLES, at_most
-from infra.yamlfile import load_model
+from infra.yamlfile import describe_validation_error, read_yaml
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -331,12 +331,48 @@ def run_policy(results_dir: Path) -> tuple[GatePolicy, str] | None:
 
 
 def load_policy(name_or_path: str, base_dir: Path | None = None) -> GatePolicy:
-    """'default' is gates/policy.yaml; anything else is a path (relative to base_dir)."""
+    """'default' is gates/policy.yaml; anything else is a path (relative to base_dir).
+
+    A policy file may start from another one and name only what it changes: `extends: default`
+    (or a path, relative to the file), then the keys it sets. Mappings merge key by key (a
+    tolerance class, a section); any other value replaces the base's."""
+    data, source = _policy_data(name_or_path, base_dir, ())
+    try:
+        return GatePolicy.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(describe_validation_error(source, err, GatePolicy)) from err
+
+
+def _policy_data(name_or_path: str, base_dir: Path | None, seen: tuple[Path, ...]
+                 ) -> tuple[dict, str]:
     if name_or_path == "default":
-        return load_model(DEFAULT_POLICY, GatePolicy)
-    path = Path(name_or_path)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_file():
-        raise SpecError(f"gate policy {name_or_path!r} not found (looked at {path}); use 'default'")
-    return load_model(path, GatePolicy)
+        path = DEFAULT_POLICY
+    else:
+        path = Path(name_or_path)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise SpecError(f"gate policy {name_or_path!r} not found (looked at {path}); "
+                            "use 'default'")
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise SpecError(f"gate policy {path}: `extends` goes round in a circle ({chain})")
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    base = data.pop("extends", None)
+    if base is None:
+        return data, str(path)
+    if not isinstance(base, str):
+        raise SpecError(f"gate policy {path}: `extends` names a policy ('default' or a path), "
+                        f"got {base!r}")
+    merged, _ = _policy_data(base, path.parent, (*seen, path.resolve()))
+    return _merged(merged, data), str(path)
+
+
+def _merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = (_merged(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out

@@ -10,7 +10,14 @@ import json
 import pytest
 import yaml
 
-from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS, free_port, quantgate, stored_records
+from tests.flows.test_acceptance_e2e import (
+    BOX_POLICY,
+    FAST_DTYPE,
+    MODELS,
+    free_port,
+    quantgate,
+    stored_records,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +36,7 @@ def run(tmp_path_factory, prefect_api):
                    "max_model_len": 2048, "startup_timeout_s": 600, **FAST_DTYPE},
         "stages": [{"name": "control", "kind": "control", "parent": "baseline"}],
         "evalsets": [{"name": "math", "limit": 60, "max_gen_toks": 64}, entry],
-        "load_profile": "ci",
+        "load_profile": "ci", "gate_policy": BOX_POLICY,
     }
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

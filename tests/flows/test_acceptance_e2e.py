@@ -25,6 +25,13 @@ QUANTGATE = [sys.executable, "-m", "flows.cli"]
 # What the box serves fast (FACTS.md): bf16 on AVX-512, float32 on AVX2 (bf16 prefill is 4.5x
 # slower there), as the demo's AVX2 spec does. Every end-to-end spec serves this.
 FAST_DTYPE = {} if "avx512f" in cpu_flags() else {"dtype": "float32"}
+# The gate policy of the demo spec `make demo` runs on this box: on AVX2 the default with its
+# scoring corpus sized to the box (gates/policy-avx2.yaml). Every end-to-end spec names it,
+# so their stages share the stage cache (the baseline's key holds the corpus budget).
+_DEMO = REPO / "flows" / "specs" / ("demo.yaml" if not FAST_DTYPE else "demo-avx2.yaml")
+_DEMO_POLICY = yaml.safe_load(_DEMO.read_text()).get("gate_policy", "default")
+BOX_POLICY = (_DEMO_POLICY if _DEMO_POLICY == "default"
+              else str((_DEMO.parent / _DEMO_POLICY).resolve()))
 
 pytestmark = pytest.mark.e2e
 MATH_BUDGET = 128  # max_gen_toks of the end-to-end math set
@@ -55,6 +62,7 @@ def write_spec(folder: Path, stages: list[dict], port: int, **engine) -> Path:
         # with its buckets judged too.
         "evalsets": EVALSETS,
         "load_profile": "ci",
+        "gate_policy": BOX_POLICY,
     }
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -95,6 +95,10 @@ def test_only_the_policy_that_decides_what_is_measured_moves_a_key(tmp_path):
                             ("divergence", {"min_blocks": 20}),
                             ("latency", {"required": True})):
         assert edited(section, **values)["w8"] != before["w8"], section
+    # The baseline's own corpus budget: every later stage scores the corpus it builds.
+    budget = edited("divergence", corpus_tokens=12_000)
+    assert budget["baseline"] != before["baseline"] and budget["w8"] != before["w8"]
+    assert edited("divergence", min_blocks=20)["baseline"] == before["baseline"]
     required = policy | {"latency": policy["latency"] | {"required": True}}
     limits = required | {"latency": required["latency"] | {"max_tpot_p50_increase": 0.4}}
     assert keys(spec(tmp_path), policy=required)["w8"] != keys(spec(tmp_path), policy=limits)["w8"]

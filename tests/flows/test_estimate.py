@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flows.estimate import (
+    AVX2_FACTOR,
     AVX512_PRIOR,
+    PRIOR_CORPUS_TOKENS,
     StageWork,
     cached_speed,
     estimate,
@@ -28,7 +30,10 @@ def _works(cached: bool = False) -> list[StageWork]:
 def test_avx2_is_predicted_slower_and_growth_widens_the_range():
     fast, slow = prior_speed(avx512=True), prior_speed(avx512=False)
     on_fast, on_slow = estimate(_works(), fast, 1.0), estimate(_works(), slow, 1.0)
-    assert on_slow.low_s == pytest.approx(4 * on_fast.low_s)
+    assert on_slow.low_s == pytest.approx(AVX2_FACTOR * on_fast.low_s)
+    # The corpus costs per token: a policy's smaller budget, a shorter scoring prior.
+    half = prior_speed(avx512=False, corpus_tokens=PRIOR_CORPUS_TOKENS // 2)
+    assert half.scoring_s == pytest.approx(slow.scoring_s / 2) and half.load_s == slow.load_s
     assert on_fast.high_s > on_fast.low_s
     # The baseline never grows: its range is a point.
     low, high = on_fast.per_stage["baseline"]

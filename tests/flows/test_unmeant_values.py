@@ -206,6 +206,8 @@ def test_the_shipped_policy_profiles_and_specs_still_load():
     from load.profile import bundled_profiles, load_profile
 
     assert load_policy("default").quality.bootstrap_resamples == 2000
+    for path in (REPO / "gates").glob("policy-*.yaml"):  # the shipped ones that extend it
+        assert load_policy(str(path)) != load_policy("default"), path
     profiles = {name: load_profile(name) for name in bundled_profiles()}
     assert {"ci", "demo"} <= set(profiles)
     specs = sorted((REPO / "flows" / "specs").glob("*.yaml"))

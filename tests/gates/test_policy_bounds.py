@@ -72,3 +72,30 @@ def test_a_finite_limit_that_passes_every_stage_is_refused(tmp_path, section, va
     with pytest.raises(SpecError) as raised:
         load_policy(source)
     assert str(raised.value).startswith(f"{source}: {expected}")
+
+
+def test_a_policy_extends_another_naming_only_what_it_changes(tmp_path):
+    """A team's file names its changes on top of 'default' (or another file, relative to it):
+    sections merge key by key, so the untouched limits stay the default's."""
+    (tmp_path / "team.yaml").write_text(
+        "extends: default\ndivergence: {corpus_tokens: 12000}\ntolerances: {8bit: {max_kl: 0.05}}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "strict.yaml").write_text("extends: ../team.yaml\nquality: {power: 0.9}\n")
+    policy, default = load_policy("strict.yaml", tmp_path / "sub"), GatePolicy()
+    assert policy.divergence.corpus_tokens == 12000 and policy.quality.power == 0.9
+    assert policy.tolerances["8bit"].max_kl == 0.05
+    assert policy.tolerances["8bit"].min_top1 == default.tolerances["8bit"].min_top1
+    assert policy.divergence.block_tokens == default.divergence.block_tokens
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("extends: loop.yaml\n", r"`extends` goes round in a circle"),
+    ("extends: [default]\n", r"`extends` names a policy \('default' or a path\), got \['default'\]"),
+    ("extends: missing.yaml\n", r"gate policy 'missing.yaml' not found"),
+    ("extends: default\nquality: {confidenc: 0.9}\n", r"loop.yaml: .*quality.confidenc"),
+])
+def test_a_bad_extends_is_one_line_naming_the_file(tmp_path, text, expected):
+    (tmp_path / "loop.yaml").write_text(text)
+    with pytest.raises(SpecError, match=expected) as raised:
+        load_policy(str(tmp_path / "loop.yaml"))
+    assert "\n" not in str(raised.value)
