@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flows.settings import Settings
 from gates.decide import decide
+from gates.length import cut_at_the_budget
 from gates.policy import GatePolicy
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -27,7 +28,9 @@ def stage_summary(record: StageRecord, so_far: list[StageRecord], policy: GatePo
     low = record.load.summaries.get("low") if record.load is not None else None
     if low is not None and low.ttft_p50_ms is not None and low.tpot_p50_ms is not None:
         parts.append(f"TTFT {low.ttft_p50_ms:.0f} ms, TPOT {low.tpot_p50_ms:.1f} ms (low load)")
-    if record.parent is not None:
+    if record.parent is None:
+        parts += cut_at_the_budget(record, policy)
+    else:
         try:
             verdict = decide("so far", so_far, policy)
             mine = next((s for s in verdict.stages if s.stage == record.name), None)

@@ -267,6 +267,27 @@ def over_censored(cut: int, n: int, most: float, alpha: float) -> bool:
     return float(stats.binomtest(cut, n).proportion_ci(1 - 2 * alpha, "wilson").low) > most
 
 
+def cut_at_the_budget(record: StageRecord, policy: GatePolicy) -> list[str]:
+    """The sets whose generation budget cut confidently more of this stage's answers than a
+    normal fit can carry (length.max_censored_share). Said once the baseline is measured: there,
+    lengths are seen only up to the budget, and the length rule can pass a later stage only
+    while few of its answers newly reach it; raising the set's max_gen_toks costs one stage."""
+    if record.quality is None:
+        return []
+    most, alpha = policy.length.max_censored_share, policy.quality.alpha
+    notes = []
+    for name, task in record.quality.tasks.items():
+        known = [item for item in task.items if item.output_tokens is not None]
+        cut = [item.output_tokens for item in known if item.finish_reason == "length"]
+        if known and over_censored(len(cut), len(known), most, alpha):
+            notes.append(
+                f"{name}: {len(cut) / len(known):.0%} of the answers cut at the budget "
+                f"({max(cut)} tokens; a normal fit carries at most {most:.0%}): its lengths are "
+                "seen only up to it, and the length rule passes a later stage on it only while "
+                "few answers newly reach it; raise its max_gen_toks so the answers fit")
+    return notes
+
+
 def drift(pairs: Pairs, bounds: tuple[float, float], policy: GatePolicy, alpha: float,
           budget_held: bool = False) -> Drift:
     """The censored mean log ratio of one set (see the module docstring) at one-sided level

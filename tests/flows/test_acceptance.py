@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flows.summary import stage_summary
 from gates.policy import load_policy
-from tests.gates.records import chain
+from tests.gates.records import chain, record
 
 
 def test_a_finished_stage_prints_its_numbers_and_the_rules_it_fails_so_far():
@@ -18,6 +18,22 @@ def test_a_finished_stage_prints_its_numbers_and_the_rules_it_fails_so_far():
     assert line.endswith("; no rule failed yet")
     line = stage_summary(records[2], records, load_policy("default"), 60)
     assert line.endswith("; no rule failed yet")
+
+
+def test_a_baseline_whose_budget_cuts_most_answers_says_to_raise_it():
+    """Said once the baseline is measured, in its stage line: a budget that cuts most answers
+    leaves lengths seen only up to it, which a later stage's length rule cannot see past."""
+    scores = [1.0, 0.0] * 30
+    cut = record("baseline", None, scores, lengths=[32] * 58 + [20, 25], finish=["length"] * 58
+                 + ["stop"] * 2)
+    line = stage_summary(cut, [cut], load_policy("default"), 80)
+    assert line.endswith("; math: 97% of the answers cut at the budget (32 tokens; a normal fit "
+                         "carries at most 50%): its lengths are seen only up to it, and the length "
+                         "rule passes a later stage on it only while few answers newly reach it; "
+                         "raise its max_gen_toks so the answers fit"), line
+    # Half cut is within what a fit carries (the Wilson interval's lower end is under 50 %).
+    some = record("baseline", None, scores, lengths=[32, 20] * 30, finish=["length", "stop"] * 30)
+    assert "max_gen_toks" not in stage_summary(some, [some], load_policy("default"), 80)
 
 
 def test_a_failed_stage_prints_why():
