@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # AVX2, float32 (2026-12-05, the e2e tree's baseline on a quiet 2-core EPYC without AVX-512:
 # start-up 41 s, math 200 items 72 s, long context 30 items to 2k 89 s, the corpus 86 s for
 # 24,000 tokens, the ci load 52 s; 346 s where AVX-512 took 146 s): about 2.3 times slower
-# (FACTS.md's figures, four times, were bf16 on a box with another process busy).
+# (FACTS.md's figures, four times, were measured with another process busy on the box).
 AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
                 "long_context": 1.25, "conversation": 0.2, "scoring": 35.0, "load": 45.0}
 AVX2_FACTOR = 2.3
