@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.errors import SpecError, did_you_mean
 from infra.values import MAX_RESAMPLES, at_most
-from infra.yamlfile import describe_validation_error, read_yaml
+from infra.yamlfile import read_mapping, validate_model
 
 DEFAULT_POLICY = Path(__file__).with_name("policy.yaml")
 
@@ -337,10 +337,7 @@ def load_policy(name_or_path: str, base_dir: Path | None = None) -> GatePolicy:
     (or a path, relative to the file), then the keys it sets. Mappings merge key by key (a
     tolerance class, a section); any other value replaces the base's."""
     data, source = _policy_data(name_or_path, base_dir, ())
-    try:
-        return GatePolicy.model_validate(data)
-    except ValidationError as err:
-        raise SpecError(describe_validation_error(source, err, GatePolicy)) from err
+    return validate_model(data, GatePolicy, source)
 
 
 def _policy_data(name_or_path: str, base_dir: Path | None, seen: tuple[Path, ...]
@@ -357,9 +354,7 @@ def _policy_data(name_or_path: str, base_dir: Path | None, seen: tuple[Path, ...
     if path.resolve() in seen:
         chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
         raise SpecError(f"gate policy {path}: `extends` goes round in a circle ({chain})")
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = read_mapping(path)
     base = data.pop("extends", None)
     if base is None:
         return data, str(path)

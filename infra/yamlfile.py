@@ -201,11 +201,22 @@ def read_yaml(path: Path) -> object:
     return parse_yaml(read_text(path), str(path))
 
 
-def load_model(path: Path, model: type[Model], context: dict | None = None) -> Model:
+def read_mapping(path: Path) -> dict:
+    """A YAML file whose top level must be a mapping (a spec, a policy, a profile)."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def validate_model(data: dict, model: type[Model], source: str, context: dict | None = None
+                   ) -> Model:
+    """`data` as `model`; what is wrong is one SpecError naming `source`."""
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:
-        raise SpecError(describe_validation_error(str(path), err, model)) from err
+        raise SpecError(describe_validation_error(source, err, model)) from err
+
+
+def load_model(path: Path, model: type[Model], context: dict | None = None) -> Model:
+    return validate_model(read_mapping(path), model, str(path), context)
