@@ -7,8 +7,6 @@ under the load schema, and receives a dialogue as its separate turns."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,16 +17,16 @@ from evalsets.structured import check_guided_decoding
 from flows.plan import request_options
 from flows.spec import EngineFlags, VllmEngineSpec
 from infra.engine import engine_class
-
-REPO = Path(__file__).resolve().parents[2]
-MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
+from tests.flows.test_acceptance_e2e import FAST_DTYPE, MODELS
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory):
-    spec = VllmEngineSpec(enforce_eager=True, max_model_len=2048, startup_timeout_s=600)
+    # What the box serves fast, as every end-to-end engine (float32 on AVX2: bf16 prefill there
+    # is 4.5x slower, and this module's sets are prefill-bound).
+    spec = VllmEngineSpec(enforce_eager=True, max_model_len=2048, startup_timeout_s=600, **FAST_DTYPE)
     log = tmp_path_factory.mktemp("engine") / "engine.log"
     with engine_class("vllm")(spec, MODELS / "smollm2-135m-bf16", EngineFlags(), log, "e2e") as up:
         yield up

@@ -32,7 +32,7 @@ def test_bundled_profiles_have_the_documented_shape():
     assert (demo.prompt_tokens, demo.output_tokens) == (128, 32)
     assert (demo.requests, demo.warmup_requests, demo.duration_s) == (12, 2, None)
     ci = load_profile("ci")
-    assert (ci.high_users, ci.prompt_tokens, ci.output_tokens) == (4, 128, 32)
+    assert (ci.high_users, ci.prompt_tokens, ci.output_tokens) == (4, 128, 16)
     assert (ci.requests, ci.warmup_requests, ci.duration_s) == (12, 2, None)
     assert ci.slo is not None and demo.slo is not None
     assert ci.levels() == {"low": 1, "high": 4}
