@@ -131,5 +131,5 @@ def test_run_workload_reads_the_spec_the_manifest_names(tmp_path):
     spec.write_text("candidate: x\nload_profile: ci\n")
     RunManifest(candidate="x", stages=["baseline"], spec_path=str(spec)).save(tmp_path / "run")
     workload, origin = run_workload(tmp_path / "run")
-    assert (workload.prompt_tokens, workload.output_tokens) == (128, 32)
+    assert (workload.prompt_tokens, workload.output_tokens) == (128, 16)
     assert workload.slo.tpot_ms == 200 and "ci.yaml" in origin
