@@ -22,6 +22,7 @@ from gates.record import StageRecord
 
 if TYPE_CHECKING:
     from flows.preflight import Prepared
+    from load.profile import LoadProfile
 
 # Seconds on a quiet 2-core AVX-512 box (the demo model, the e2e runs): start-up, per item per
 # built-in set, the scoring corpus, both load levels. Per item with 64 eval requests in flight
@@ -39,6 +40,13 @@ AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
                 "long_context": 1.25, "conversation": 0.2, "scoring": 35.0, "load": 45.0}
 AVX2_FACTOR = 2.3
 PRIOR_CORPUS_TOKENS = 24_000  # the scoring corpus of the prior's figure: it costs per token
+# The prior's load is the demo profile's (load/profiles/demo.yaml): its two levels (12 + 2
+# requests each, 128 prompt and 32 output tokens) and its capacity search. On AVX2 (2026-12-05)
+# the demo's baseline load took 111 s, 75 of them the capacity search, and the ci profile's two
+# levels (16 output tokens, no search) 22 s: the levels' share scales with the requests a user
+# waits for in turn and their tokens, a prompt token costing about a sixteenth of an output one.
+PRIOR_CAPACITY_SHARE = 0.67
+PRIOR_LEVEL_WORK = (14 / 1 + 14 / 4) * (32 + 128 / 16)
 
 
 @dataclass
@@ -59,10 +67,34 @@ class Speed:
         return sum(known) / len(known) if known else AVX512_PRIOR["math"]
 
 
-def prior_speed(avx512: bool, corpus_tokens: int = PRIOR_CORPUS_TOKENS) -> Speed:
+def level_work(profile: LoadProfile) -> float | None:
+    """The requests each user sends in turn at each level and repeat, times their tokens (a
+    prompt token at a sixteenth of an output one); None for a profile timed by windows."""
+    if profile.requests is None:
+        return None
+    asked = (profile.requests + profile.warmup_requests) * profile.repeats
+    return sum(asked / users for users in profile.levels().values()) * (
+        profile.output_tokens + profile.prompt_tokens / 16)
+
+
+def prior_load_s(profile: LoadProfile | None, demo_load_s: float) -> float:
+    """The prior's load (measured on the demo profile) for the run's profile: its levels by their
+    work (a window-timed level by its windows), its capacity search where it runs one."""
+    if profile is None:
+        return demo_load_s
+    work = level_work(profile)
+    levels_s = (demo_load_s * (1 - PRIOR_CAPACITY_SHARE) * work / PRIOR_LEVEL_WORK
+                if work is not None else
+                len(profile.levels()) * profile.repeats * (profile.warmup_s + (profile.duration_s or 0)))
+    return levels_s + (demo_load_s * PRIOR_CAPACITY_SHARE if profile.capacity.enabled else 0.0)
+
+
+def prior_speed(avx512: bool, corpus_tokens: int = PRIOR_CORPUS_TOKENS,
+                profile: LoadProfile | None = None) -> Speed:
     scale = 1.0 if avx512 else AVX2_FACTOR
     rates = {k: v * scale for k, v in AVX512_PRIOR.items()}
     rates["scoring"] *= corpus_tokens / PRIOR_CORPUS_TOKENS
+    rates["load"] = prior_load_s(profile, rates["load"])
     return Speed(rates.pop("startup"), {k: v for k, v in rates.items()
                                         if k not in ("scoring", "load")},
                  rates["scoring"], rates["load"],
@@ -196,7 +228,7 @@ class RunEstimate:
         self.rounds_factor = (prepared.policy.latency.max_rounds / max(1, prepared.profile.rounds)
                               if prepared.policy.latency.required else 1.0)
         self.speed = cached_speed(cache_dir) or prior_speed(
-            avx512, prepared.policy.divergence.corpus_tokens)
+            avx512, prepared.policy.divergence.corpus_tokens, prepared.profile)
         self.started = time.monotonic()
         self.predicted: dict[str, tuple[float, float]] = {}
 

@@ -7,6 +7,7 @@ import pytest
 from flows.estimate import (
     AVX2_FACTOR,
     AVX512_PRIOR,
+    PRIOR_CAPACITY_SHARE,
     PRIOR_CORPUS_TOKENS,
     StageWork,
     cached_speed,
@@ -155,3 +156,19 @@ evalsets: [{{name: math, limit: 40}}]
     monkeypatch.setattr("flows.references.engines_to_keep", lambda prepared: {})
     starts = {work.name: work.grow_startups for work in stage_works(prepared, set())}
     assert starts == {"baseline": 0, "w8": 1, "again": 0, "kv": 2}
+
+
+def test_the_prior_load_is_the_run_profiles_not_the_demos():
+    """The prior's load was measured on the demo profile (two levels and a capacity search): a
+    profile with half its output tokens and no search is predicted a fraction of it, a profile
+    timed by windows by its windows, and the demo profile as measured."""
+    from load.profile import load_profile
+
+    demo, ci = load_profile("demo"), load_profile("ci")
+    measured = prior_speed(avx512=False).load_s
+    assert prior_speed(avx512=False, profile=demo).load_s == pytest.approx(measured)
+    quick = prior_speed(avx512=False, profile=ci).load_s
+    assert 0 < quick < measured * (1 - PRIOR_CAPACITY_SHARE)  # no search, lighter levels
+    windows = ci.model_copy(update={"requests": None, "duration_s": 10.0, "warmup_s": 2.0,
+                                    "repeats": 2})
+    assert prior_speed(avx512=True, profile=windows).load_s == pytest.approx(2 * 2 * 12.0)
