@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gates.record import StageRecord
+from load.profile import LoadProfile, load_profile
 
 if TYPE_CHECKING:
     from flows.preflight import Prepared
-    from load.profile import LoadProfile
 
 # Seconds on a quiet 2-core AVX-512 box (the demo model, the e2e runs): start-up, per item per
 # built-in set, the scoring corpus, both load levels. Per item with 64 eval requests in flight
@@ -40,13 +40,13 @@ AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
                 "long_context": 1.25, "conversation": 0.2, "scoring": 35.0, "load": 45.0}
 AVX2_FACTOR = 2.3
 PRIOR_CORPUS_TOKENS = 24_000  # the scoring corpus of the prior's figure: it costs per token
-# The prior's load is the demo profile's (load/profiles/demo.yaml): its two levels (12 + 2
-# requests each, 128 prompt and 32 output tokens) and its capacity search. On AVX2 (2026-12-05)
+# The prior's load is the demo profile's (load/profiles/demo.yaml, PRIOR_PROFILE): its two
+# levels and its capacity search. On AVX2 (2026-12-05)
 # the demo's baseline load took 111 s, 75 of them the capacity search, and the ci profile's two
 # levels (16 output tokens, no search) 22 s: the levels' share scales with the requests a user
 # waits for in turn and their tokens, a prompt token costing about a sixteenth of an output one.
 PRIOR_CAPACITY_SHARE = 0.67
-PRIOR_LEVEL_WORK = (14 / 1 + 14 / 4) * (32 + 128 / 16)
+PRIOR_PROFILE = "demo"
 
 
 @dataclass
@@ -82,8 +82,8 @@ def prior_load_s(profile: LoadProfile | None, demo_load_s: float) -> float:
     work (a window-timed level by its windows), its capacity search where it runs one."""
     if profile is None:
         return demo_load_s
-    work = level_work(profile)
-    levels_s = (demo_load_s * (1 - PRIOR_CAPACITY_SHARE) * work / PRIOR_LEVEL_WORK
+    work, demo_work = level_work(profile), level_work(load_profile(PRIOR_PROFILE))
+    levels_s = (demo_load_s * (1 - PRIOR_CAPACITY_SHARE) * work / demo_work
                 if work is not None else
                 len(profile.levels()) * profile.repeats * (profile.warmup_s + (profile.duration_s or 0)))
     return levels_s + (demo_load_s * PRIOR_CAPACITY_SHARE if profile.capacity.enabled else 0.0)
