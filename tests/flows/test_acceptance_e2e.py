@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cpu_support import cpu_flags
+from infra.cpu_support import fast_dtype
 from infra.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ MODELS = Path(os.environ.get("QG_MODELS_DIR", REPO / "models"))
 QUANTGATE = [sys.executable, "-m", "flows.cli"]
 # What the box serves fast (FACTS.md): bf16 on AVX-512, float32 on AVX2 (bf16 prefill is 4.5x
 # slower there), as the demo's AVX2 spec does. Every end-to-end spec serves this.
-FAST_DTYPE = {} if "avx512f" in cpu_flags() else {"dtype": "float32"}
+FAST_DTYPE = {} if fast_dtype() == "auto" else {"dtype": fast_dtype()}
 # The gate policy of the demo spec `make demo` runs on this box: on AVX2 the default with its
 # scoring corpus sized to the box (gates/policy-avx2.yaml). Every end-to-end spec names it,
 # so their stages share the stage cache (the baseline's key holds the corpus budget).

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.cpu_support import check_cpu_servable, cpu_flags
+from infra.cpu_support import check_cpu_servable, cpu_flags, fast_dtype
 from infra.errors import SpecError
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma"}
@@ -37,3 +37,8 @@ def test_weight_only_kernels_and_the_dequantized_way_out():
         check_cpu_servable("w", "int4/group64", "none", "auto", False, AVX2)
     check_cpu_servable("w", "int4/group64", "none", "auto", True, AVX2)
     check_cpu_servable("w", "int8/channel", "none", "auto", True, AVX2)
+
+
+def test_the_fast_dtype_is_float32_without_avx512():
+    assert fast_dtype({"avx2", "fma"}) == "float32"
+    assert fast_dtype({"avx2", "avx512f"}) == "auto"

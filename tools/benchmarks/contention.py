@@ -28,7 +28,7 @@ from evalsets.contracts import data_files
 from evalsets.jsonl import read_jsonl
 from evalsets.spec import get_evalset
 from flows.spec import EngineFlags
-from infra.cpu_support import cpu_flags
+from infra.cpu_support import fast_dtype
 from infra.ports import free_port
 from infra.probe import healthy
 from infra.process import LoggedProcess, stop_group
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-bf16"))
     parser.add_argument("--logs", type=Path, default=Path("/tmp"))
     # What the box serves fast, as the demo specs choose: bf16 prefills 4.5x slower on AVX2.
-    parser.add_argument("--dtype", default="auto" if "avx512f" in cpu_flags() else "float32")
+    parser.add_argument("--dtype", default=fast_dtype())
     args = parser.parse_args()
     print(f"dtype {args.dtype}")
     print(f"{'placement':<26} {'start-up s':>10} {'alone tok/s':>12} {'busy loop tok/s':>16} "
