@@ -41,10 +41,10 @@ AVX512_PRIOR = {"startup": 22.0, "math": 0.2, "business": 0.17, "code": 0.5,
 AVX2_FACTOR = 2.3
 PRIOR_CORPUS_TOKENS = 24_000  # the scoring corpus of the prior's figure: it costs per token
 # The prior's load is the demo profile's (load/profiles/demo.yaml, PRIOR_PROFILE): its two
-# levels and its capacity search. On AVX2 (2026-12-05)
-# the demo's baseline load took 111 s, 75 of them the capacity search, and the ci profile's two
-# levels (16 output tokens, no search) 22 s: the levels' share scales with the requests a user
-# waits for in turn and their tokens, a prompt token costing about a sixteenth of an output one.
+# levels and its capacity search. On AVX2 (2026-12-05) the demo's baseline load took 111 s, 75
+# of them the capacity search, and the ci profile's two levels (16 output tokens, no search)
+# 22 s: the levels' share scales with the requests a user waits for in turn and their tokens, a
+# prompt token costing about a sixteenth of an output one.
 PRIOR_CAPACITY_SHARE = 0.67
 PRIOR_PROFILE = "demo"
 

@@ -17,6 +17,7 @@ from flows.estimate import (
     prior_speed,
 )
 from gates.record import SetTiming, StageTimings
+from load.profile import load_profile
 from tests.gates.records import record
 
 
@@ -162,8 +163,6 @@ def test_the_prior_load_is_the_run_profiles_not_the_demos():
     """The prior's load was measured on the demo profile (two levels and a capacity search): a
     profile with half its output tokens and no search is predicted a fraction of it, a profile
     timed by windows by its windows, and the demo profile as measured."""
-    from load.profile import load_profile
-
     demo, ci = load_profile("demo"), load_profile("ci")
     measured = prior_speed(avx512=False).load_s
     assert prior_speed(avx512=False, profile=demo).load_s == pytest.approx(measured)
