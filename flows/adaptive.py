@@ -11,23 +11,28 @@ its more items are its own record too, and its own verdict stays on its own item
 multiplies the items of every set that still bears on the open rule by the policy's `growth`
 (gates.accuracy.next_look says which, and the look's line names the rules each set grows for),
 within the set's pool, up to `max_looks` looks; the accuracy rule splits its alpha over those
-looks, so looking again cannot buy a false go.
+looks, so looking again cannot buy a false go. A set whose only open rules are some of its
+groups (a KV stage's long-context buckets) grows those groups alone; a grouped set grows group
+by group in any case (each group's next items, `_score_group`), so every engine holds each
+group's first items and a later look, or a later stage, asks only for what is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from pathlib import Path
 
 from evalsets.contracts import fit_to_context, requests_in_flight
-from evalsets.results import MoreItems, QualityItem, QualityResult
+from evalsets.results import MoreItems, QualityItem, QualityResult, TaskQuality
 from evalsets.runner import run_evalset, token_counter
 from evalsets.spec import EvalSetSpec
 from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines, engine_beside
 from flows.plan import Stage
+from flows.power import group_order
 from flows.spec import Spec
-from gates.accuracy import checks_at_look, next_look
+from gates.accuracy import Look, checks_at_look, group_counts, next_look
 from gates.length import length_checks
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy, precision_class
@@ -39,9 +44,15 @@ from infra.progress import progress
 
 def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir: Path,
            tokenizer_dir: Path, chat_template: bool, num_concurrent: int,
-           structured_output: bool = False) -> list[QualityItem]:
+           structured_output: bool = False, group: str | None = None) -> list[QualityItem]:
+    """Items [start, stop) of the set, or with `group` of that group's own items (raw results
+    then in a folder of the group's own)."""
+    what = spec.name if group is None else f"{spec.name} {group}"
+    label = f"{out_dir.parent.name}: {what} items {start + 1}-{stop}"
+    if group is not None:
+        spec = spec.model_copy(update={"groups": [group]})
+        out_dir = out_dir / f"{spec.name}-{group}"
     batch = spec.model_copy(update={"limit": stop - start})
-    label = f"{out_dir.parent.name}: {spec.name} items {start + 1}-{stop}"
     samples = spec.sampling.samples if spec.sampling else 1
     in_flight = requests_in_flight(spec, num_concurrent, facts.kv_cache_tokens)
     with progress.task(label, (stop - start) * samples) as advance:
@@ -50,6 +61,33 @@ def _score(facts: EngineFacts, spec: EvalSetSpec, start: int, stop: int, out_dir
                            start=start, on_items=advance, structured_output=structured_output,
                            tokenizer_dir=tokenizer_dir)
     return task.items
+
+
+def group_targets(look: Look, name: str, wanted: int, order: list[str] | None,
+                  items: list[QualityItem]) -> dict[str, int] | None:
+    """Each group's items the set should have after the look, or None where the set grows as a
+    prefix of its pool (no groups). A set the look grows by group gets its groups' targets; a
+    grouped set it grows as a whole gets, per group, as many as the pool's first `wanted` items
+    hold, so its items stay each group's first items on every stage, whichever way it grew."""
+    if name in look.groups:
+        return look.groups[name]
+    if not order or not group_counts(items):
+        return None
+    return dict(Counter(order[:wanted]))
+
+
+def _score_group(facts: EngineFacts, spec: EvalSetSpec, group: str, task: TaskQuality,
+                 want: int, out_dir: Path, tokenizer_dir: Path, chat_template: bool,
+                 num_concurrent: int, structured_output: bool = False) -> list[QualityItem]:
+    """The next items of one group on one engine, up to `want` of that group: appended to
+    `task` and returned (none when it has them)."""
+    have = group_counts(task.items).get(group, 0)
+    if want <= have:
+        return []
+    more = _score(facts, spec, have, want, out_dir, tokenizer_dir, chat_template,
+                  num_concurrent, structured_output, group=group)
+    task.extend(more)
+    return more
 
 
 def so_far(stage: Stage, quality: QualityResult) -> StageRecord:
@@ -109,6 +147,8 @@ def grow_until_decided(
     parent_folder = results_dir / stage.parent
     parent_more = (MoreItems.kept(parent_folder) or MoreItems()) if served else None
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
+    orders = {name: order for name, s in sets.items() if (order := group_order(s))}
+    group_pools = {name: dict(Counter(order)) for name, order in orders.items()}
     started = time.monotonic()
     beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
 
@@ -136,7 +176,7 @@ def grow_until_decided(
                               "look's alpha, which more items would not undo: no more looks")
                 break
             look = next_look(quality, base_record.quality, precision, policy, pools, parent,
-                             axes, parent_served=served)
+                             axes, parent_served=served, group_pools=group_pools)
             if look is None:
                 break
             sizes = look.sizes
@@ -148,7 +188,41 @@ def grow_until_decided(
             progress.line(f"stage {stage.name}: not decided yet, look {quality.looks} with "
                           + look.line())
             for name, wanted in sizes.items():
+                if name not in look.reasons:  # not growing at this look
+                    continue
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
+                targets = group_targets(look, name, wanted, orders.get(name), task.items)
+                if targets is not None:
+                    parent_task = parent.tasks.get(name) if served else None
+                    for group, want in targets.items():
+                        if want > group_counts(base_task.items).get(group, 0):
+                            base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
+                                               BASELINE_PORT_OFFSET)
+                            more = _score_group(base_facts, sets[name], group, base_task, want,
+                                                baseline_folder / MoreItems.FOLDER,
+                                                baseline.checkpoint, spec.chat_template,
+                                                num_concurrent)
+                            base_more.add(name, more, stage.name)
+                            base_more.keep(baseline_folder)
+                        if parent_task is not None and want > group_counts(
+                                parent_task.items).get(group, 0):
+                            parent_facts = serve(parent_stage,
+                                                 parent_folder / "engine-more-items.log",
+                                                 PARENT_PORT_OFFSET)
+                            more = _score_group(parent_facts, sets[name], group, parent_task,
+                                                want, parent_folder / MoreItems.FOLDER,
+                                                parent_stage.checkpoint, spec.chat_template,
+                                                num_concurrent, parent_stage.structured_output)
+                            parent_more.add(name, more, stage.name)
+                            parent_more.keep(parent_folder)
+                        more = _score_group(facts, sets[name], group, task, want,
+                                            results_dir / stage.name / "quality",
+                                            stage.checkpoint, spec.chat_template, num_concurrent,
+                                            stage.structured_output)
+                        if more:
+                            quality.added_items[name] = quality.added_items.get(name, 0) + len(
+                                more)
+                    continue
                 if wanted > len(base_task.items):
                     base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
                                        BASELINE_PORT_OFFSET)

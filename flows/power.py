@@ -24,20 +24,28 @@ from infra.errors import SpecError
 PLANNING_ACCURACY = 0.5  # the baseline's accuracy is unknown before it runs
 
 
-def group_values(spec: EvalSetSpec) -> list[str]:
-    """The set's groups (its contract's group field), in data order, within any `groups` filter."""
+def group_order(spec: EvalSetSpec) -> list[str]:
+    """Each pool item's group (its contract's group field), in data order within any `groups`
+    filter, as the runner takes its first items ("" for an item without one); [] for a set
+    that declares none."""
     contract = load_contract(spec.info)
     if contract.group is None:
         return []
-    seen: dict[str, None] = {}
+    order = []
     for path in data_files(spec.info):
         if path.suffix != ".jsonl":
             continue
         for row in read_jsonl(path):
             value = row.get(contract.group)
-            if value is not None:
-                seen.setdefault(str(value), None)
-    return [g for g in seen if spec.groups is None or g in spec.groups]
+            label = "" if value is None else str(value)
+            if spec.groups is None or (value is not None and label in spec.groups):
+                order.append(label)
+    return order
+
+
+def group_values(spec: EvalSetSpec) -> list[str]:
+    """The set's groups (its contract's group field), in data order, within any `groups` filter."""
+    return [group for group in dict.fromkeys(group_order(spec)) if group]
 
 
 def cluster_ids(spec: EvalSetSpec, pool: int) -> tuple[int, ...]:

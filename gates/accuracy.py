@@ -499,26 +499,51 @@ def plan_power(sizes: dict[str, int], pools: dict[str, int], precision: str,
 
 @dataclass
 class Look:
-    """The next look: items per set, and per set that grows the open rules it grows for."""
+    """The next look: items per set, and per set that grows the open rules it grows for.
+
+    `sizes` are the first items of each set's pool (a prefix). A set whose only open rules are
+    groups of it grows by group (`groups`: each such group's items in all, the first of that
+    group's own items), so an unresolved 4k bucket costs 4k items only; its `sizes` entry is then
+    the prefix that would hold as many of that group (what a reader that grows sets by prefix
+    alone, `more_items`, asks)."""
 
     sizes: dict[str, int]
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    groups: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def line(self) -> str:
         """'math 240 items (quality.accuracy, length.math), ...': each growing set with its rules."""
-        return ", ".join(f"{name} {n} items" + (f" ({', '.join(self.reasons[name])})"
-                                                 if self.reasons.get(name) else "")
-                         for name, n in self.sizes.items())
+        def grows(name: str) -> str:
+            if name in self.groups:
+                return ", ".join(f"{name} {group} {n} items"
+                                 for group, n in self.groups[name].items())
+            return f"{name} {self.sizes[name]} items"
+
+        return ", ".join(grows(name) + (f" ({', '.join(self.reasons[name])})"
+                                        if self.reasons.get(name) else "")
+                         for name in self.reasons)
+
+
+def group_counts(task_items: list[QualityItem]) -> dict[str, int]:
+    """Items per group, in the order the groups first appear."""
+    counts: dict[str, int] = {}
+    for item in task_items:
+        if item.group:
+            counts[item.group] = counts.get(item.group, 0) + 1
+    return counts
 
 
 def more_items(stage: QualityResult, baseline: QualityResult, precision: str,
                policy: GatePolicy, pools: dict[str, int],
                parent: QualityResult | None = None,
                axes: dict[str, str] | None = None,
-               parent_served: bool = False) -> dict[str, int] | None:
+               parent_served: bool = False,
+               group_pools: dict[str, dict[str, int]] | None = None) -> dict[str, int] | None:
     """The items per set for the next look, or None when nothing is left to decide or to grow
-    (`next_look`'s sizes)."""
-    look = next_look(stage, baseline, precision, policy, pools, parent, axes, parent_served)
+    (`next_look`'s sizes: every set grown by prefix, a set growing by group to the prefix that
+    holds its groups' items)."""
+    look = next_look(stage, baseline, precision, policy, pools, parent, axes, parent_served,
+                     group_pools)
     return look.sizes if look is not None else None
 
 
@@ -526,16 +551,20 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
               policy: GatePolicy, pools: dict[str, int],
               parent: QualityResult | None = None,
               axes: dict[str, str] | None = None,
-              parent_served: bool = False) -> Look | None:
+              parent_served: bool = False,
+              group_pools: dict[str, dict[str, int]] | None = None) -> Look | None:
     """The next look, or None when nothing is left to decide or to grow.
 
     Every set grows while the pooled rule is inconclusive; otherwise the sets whose own rule is
-    unresolved at the set margin, or (for a stage judged per group: `axes` serve a quantized KV
-    cache) one of whose groups is unresolved or too small, grow: a set's items are interleaved
-    across its groups, so growing the set grows every group of it. While the required length
-    rule against the parent is inconclusive, the sets in which some answer changed length grow,
-    as far as the parent's answers reach, or within the pool where the parent is served again
-    for them (`parent_served`; `parent` None: the parent is the baseline, always served again)."""
+    unresolved at the set margin grow. For a stage judged per group (`axes` serve a quantized KV
+    cache), a set whose own rule is resolved but some of whose groups are unresolved or too small
+    grows those groups alone (`Look.groups`): each by `growth` or to the items at which it would
+    resolve, and at the last look to every item its group has (`group_pools`: per set, items per
+    group; without it, the set's pool in the groups' shares so far), since no later look can
+    resolve it. While the required length rule against the parent is inconclusive, the sets in
+    which some answer changed length grow, as far as the parent's answers reach, or within the
+    pool where the parent is served again for them (`parent_served`; `parent` None: the parent
+    is the baseline, always served again)."""
     q = policy.quality
     margin = policy.tolerance(precision).accuracy_margin
     level = look_alpha(q.alpha, q.max_looks)
@@ -563,21 +592,42 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         # within (a set near the ceiling then grows for the test that can decide it).
         return max(1, counts.needed(judged_now.margin, level, target))
 
+    last = stage.looks + 1 >= q.max_looks  # the look planned now is the last one
+
     def group_unresolved(name: str) -> dict[str, int]:
+        """Each unresolved group's items at which it would resolve."""
         vs_baseline, vs_parent = paired[name]
-        deff, n = sets[name].design_effect, sets[name].items
+        deff = sets[name].design_effect
         wanted = {group: unresolved(SetCounts.of(name, g_base, g_parent, deff),
                                     margin * q.group_margin_factor, capped=False)
-                  * n // max(1, len(g_base))
                   for group, (g_base, g_parent) in _group_pairs(vs_baseline, vs_parent).items()}
         return {group: need for group, need in wanted.items() if need}
 
+    def group_targets(name: str) -> dict[str, int]:
+        """Each unresolved group's items after the look, within what its group has."""
+        counts, n = group_counts(stage.tasks[name].items), sizes[name]
+        has = (group_pools or {}).get(name) or {
+            group: limits[name] * count // max(1, n) for group, count in counts.items()}
+        out = {}
+        for group, need in open_groups[name].items():
+            now = counts.get(group, 0)
+            room = has.get(group, now)
+            out[group] = room if last else min(room, max(math.ceil(now * q.growth), need))
+        return {group: wanted for group, wanted in out.items() if wanted > counts.get(group, 0)}
+
     reasons: dict[str, list[str]] = {name: [] for name in sets}
     needs: dict[str, int] = {}
+    open_groups: dict[str, dict[str, int]] = {}
+    own_open: set[str] = set()
     for name, counts in sets.items():
         own = unresolved(counts, margin * q.set_margin_factor)
         groups = group_unresolved(name) if per_group else {}
-        needs[name] = max([own, *groups.values()])
+        open_groups[name] = groups
+        if own:
+            own_open.add(name)
+        now = group_counts(stage.tasks[name].items)
+        needs[name] = max([own, *(need * counts.items // max(1, now.get(group, 0))
+                                  for group, need in groups.items())])
         reasons[name] += ([f"quality.{name}"] if own else []) + [
             f"quality.{name}.{group}" for group in sorted(groups, key=natural_order)]
     pooled_open = _pooled(list(sets.values()), margin, level)[2] == "inconclusive"
@@ -585,8 +635,21 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         for name in sets:
             reasons[name].insert(0, "quality.accuracy")
     growing = set(sets) if pooled_open else {name for name, need in needs.items() if need}
-    grown = dict(sizes)
+    grown, by_group = dict(sizes), {}
     for name in growing:
+        if not pooled_open and name not in own_open:
+            # Only groups open: those groups grow alone; the prefix that would hold as many of
+            # each is what a reader growing whole sets asks (`more_items`).
+            targets = group_targets(name)
+            if not targets:  # every open group has all its items already
+                continue
+            by_group[name] = targets
+            counts_now = group_counts(stage.tasks[name].items)
+            step = max(math.ceil(sizes[name] * q.growth),
+                       *(math.ceil(want * sizes[name] / max(1, counts_now.get(group, 1)))
+                         for group, want in targets.items()))
+            grown[name] = max(sizes[name], min(limits[name], step))
+            continue
         # A batch multiplies the set by `growth`, or jumps to the size at which its own rule
         # would resolve (re-estimated from its discordance), within its pool.
         step = max(math.ceil(sizes[name] * q.growth), needs[name])
@@ -603,10 +666,11 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
                 reach = limits[name] if unbounded else min(limits[name],
                                                            len(parent.tasks[name].items))
                 grown[name] = max(sizes[name], min(reach, math.ceil(sizes[name] * q.growth)))
-    grows = {name: n for name, n in grown.items() if n > sizes[name]}
+    grows = {name for name, n in grown.items() if n > sizes[name]} | set(by_group)
     if not grows:
         return None
-    return Look(sizes=grown, reasons={name: reasons[name] for name in grows})
+    return Look(sizes=grown, reasons={name: reasons[name] for name in grown if name in grows},
+                groups=by_group)
 
 
 def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline: QualityResult,

@@ -14,10 +14,20 @@ def _first_difference(mine: list[str], theirs: list[str]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
 
 
+def _by_group(items: list) -> dict[str | None, list[str]]:
+    out: dict[str | None, list[str]] = {}
+    for item in items:
+        out.setdefault(item.group, []).append(item.id)
+    return out
+
+
 def id_differences(stage: StageRecord, baseline: StageRecord) -> list[str]:
     """Item ids per set, from the stored items: the stage's items must be the baseline's, in the
     same order, over the items both scored (the baseline may hold more: a later stage's adaptive
-    looks grew it); a stage with items the baseline never scored is not paired on them."""
+    looks grew it); a stage with items the baseline never scored is not paired on them. A
+    grouped set is compared group by group: a look may grow one group alone (gates.accuracy
+    next_look), so two stages' groups can interleave differently, but each engine holds each
+    group's first items, in that group's order."""
     if stage.quality is None or baseline.quality is None:
         return []
     out = []
@@ -26,14 +36,17 @@ def id_differences(stage: StageRecord, baseline: StageRecord) -> list[str]:
         if theirs is None:
             out.append(f"set {name} was not measured on the baseline")
             continue
-        mine_ids, their_ids = [i.id for i in task.items], [i.id for i in theirs.items]
-        at = _first_difference(mine_ids, their_ids)
-        if at is not None:
-            out.append(f"set {name} item ids differ from the baseline's at item {at + 1} "
-                       f"({mine_ids[at]!r} vs {their_ids[at]!r})")
-        elif len(mine_ids) > len(their_ids):
-            out.append(f"set {name} {len(mine_ids)} items vs baseline {len(their_ids)} (items the "
-                       "baseline never scored)")
+        their_groups = _by_group(theirs.items)
+        for group, mine_ids in _by_group(task.items).items():
+            their_ids = their_groups.get(group, [])
+            where = "" if group is None else f" of group {group!r}"
+            at = _first_difference(mine_ids, their_ids)
+            if at is not None:
+                out.append(f"set {name} item ids differ from the baseline's at item {at + 1}"
+                           f"{where} ({mine_ids[at]!r} vs {their_ids[at]!r})")
+            elif len(mine_ids) > len(their_ids):
+                out.append(f"set {name}{where} {len(mine_ids)} items vs baseline "
+                           f"{len(their_ids)} (items the baseline never scored)")
     for name in baseline.quality.tasks:
         if name not in stage.quality.tasks:
             out.append(f"set {name} was not measured on the stage (baseline has it)")

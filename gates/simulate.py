@@ -199,25 +199,44 @@ def stage_lengths(rng: np.random.Generator, parent_true: np.ndarray, ratio: floa
     return np.maximum(1.0, np.where(changed, np.exp(drawn + shift), parent_true))
 
 
+def grown_order(shape: SetShape, order: np.ndarray, size: int,
+                groups: dict[str, int] | None) -> np.ndarray:
+    """The pool items a stage has after a look, in the order it scored them: `order` and then
+    the new ones, either the set's first `size` items or (`groups`) each group's first items."""
+    if groups is None:
+        wanted = np.arange(size)
+    else:
+        wanted = np.concatenate([np.flatnonzero(shape.group_labels == group)[:n]
+                                 for group, n in groups.items()])
+    new = np.setdiff1d(wanted, order)  # sorted: pool order
+    return np.concatenate([order, new]).astype(int)
+
+
 def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
             lengths: dict[str, np.ndarray], sizes: dict[str, int],
-            tokens: PairedTokens | None) -> QualityResult:
-    """A stage's quality record at `sizes` items per set (the first items of each pool)."""
+            tokens: PairedTokens | None,
+            order: dict[str, np.ndarray] | None = None) -> QualityResult:
+    """A stage's quality record at `sizes` items per set (the first items of each pool), or at
+    the pool items `order` names per set, in that order (a set grown by group)."""
     tasks = {}
     for shape in shapes:
-        right, true_length = answers[shape.name], lengths[shape.name]
-        n = sizes[shape.name]
+        index = (order or {}).get(shape.name)
+        if index is None:
+            index = np.arange(sizes[shape.name])
+        right, true_length = answers[shape.name][index], lengths[shape.name][index]
+        n = len(index)
         # Built unvalidated (model_construct): every field is drawn here with its declared type,
         # and a trial builds thousands of items.
-        scores = (right[:n].mean(axis=1) if right.ndim == 2 else right[:n]).astype(float).tolist()
-        tokens_out = np.minimum(true_length[:n], shape.budget).astype(int).tolist()
-        cut = (true_length[:n] >= shape.budget).tolist()
-        groups = shape.group_labels[:n].tolist()
-        clusters = (shape.cluster_labels[:n].astype(str).tolist() if shape.clustered
+        scores = (right.mean(axis=1) if right.ndim == 2 else right).astype(float).tolist()
+        tokens_out = np.minimum(true_length, shape.budget).astype(int).tolist()
+        cut = (true_length >= shape.budget).tolist()
+        groups = shape.group_labels[index].tolist()
+        clusters = (shape.cluster_labels[index].astype(str).tolist() if shape.clustered
                     else [None] * n)
-        samples = right[:n].astype(float).tolist() if right.ndim == 2 else [None] * n
+        samples = right.astype(float).tolist() if right.ndim == 2 else [None] * n
+        ids = index.tolist()
         items = [QualityItem.model_construct(
-            id=str(i), prompt_hash="h", response="", samples=samples[i], score=scores[i],
+            id=str(ids[i]), prompt_hash="h", response="", samples=samples[i], score=scores[i],
             output_tokens=tokens_out[i], finish_reason="length" if cut[i] else "stop",
             group=groups[i] or None, cluster=clusters[i], reasoning_tokens=None)
             for i in range(n)]

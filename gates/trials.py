@@ -13,7 +13,7 @@ import numpy as np
 from scipy import stats
 
 from gates import simulate
-from gates.accuracy import more_items
+from gates.accuracy import next_look
 from gates.decide import decide
 from gates.latency import wants_more_rounds
 from gates.policy import GatePolicy, precision_class
@@ -117,6 +117,8 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
     policy = scenario_policy(scenario, policy)
     shapes = scenario.sets
     pools = {s.name: s.pool for s in shapes}
+    group_pools = {s.name: {g: int(np.count_nonzero(s.group_labels == g)) for g in s.groups}
+                   for s in shapes if len(s.groups) > 1}
     sizes = {s.name: s.first for s in shapes}
     answers = {s.name: simulate.baseline_answers(rng, s) for s in shapes}
     lengths = {s.name: simulate.baseline_lengths(rng, s) for s in shapes}
@@ -137,17 +139,19 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
         load, paired = _load(rng, scenario, parent, step_increase, policy)
         tokens = simulate.paired_tokens(rng, scenario.corpus_tokens, step.kl * max_kl, step.top1,
                                         0.006 * (step_index + 1))
-        stage_sizes = dict(sizes)
-        quality = simulate.quality(shapes, answers, lengths, stage_sizes, tokens)
+        order = {s.name: np.arange(s.first) for s in shapes}
+        quality = simulate.quality(shapes, answers, lengths, sizes, tokens, order)
         parent_quality = records[-1].quality if step_index else None
         while quality.looks < policy.quality.max_looks:  # as flows.adaptive does
-            grown = more_items(quality, records[0].quality, precision_class(axes), policy, pools,
-                               parent_quality, axes)
-            if grown is None:
+            look = next_look(quality, records[0].quality, precision_class(axes), policy, pools,
+                             parent_quality, axes, group_pools=group_pools)
+            if look is None:
                 break
-            looks, earlier = quality.looks, quality.look_sizes + [stage_sizes]
-            stage_sizes = grown
-            quality = simulate.quality(shapes, answers, lengths, grown, tokens)
+            looks = quality.looks
+            earlier = quality.look_sizes + [{name: len(o) for name, o in order.items()}]
+            order = {s.name: simulate.grown_order(s, order[s.name], look.sizes[s.name],
+                                                  look.groups.get(s.name)) for s in shapes}
+            quality = simulate.quality(shapes, answers, lengths, sizes, tokens, order)
             quality.looks, quality.look_sizes = looks + 1, earlier
         records.append(_record(name, parent, axes, quality, load, paired))
         before = step

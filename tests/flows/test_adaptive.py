@@ -314,3 +314,72 @@ def test_a_stage_whose_length_already_fails_gets_no_more_looks(tmp_path, monkeyp
     adaptive.grow_until_decided(control, scattered, facts, spec, baseline, results, POLICY,
                                 {"math": 1000}, 2)
     assert served  # it grew
+
+
+def test_a_kv_stage_scores_only_its_unresolved_bucket_on_both_engines(tmp_path, monkeypatch):
+    """The long-context set resolves as a whole, but its 4k bucket (3 of its 10 right broken)
+    does not: the next look asks the baseline and the stage for the 4k bucket's next items only,
+    each group's own next items in the data's order, and the stage is then compared with the
+    baseline group by group."""
+    from evalsets.jsonl import read_jsonl
+    from evalsets.spec import EVALSETS_DIR
+    from gates.comparability_check import id_differences
+
+    rows = [(row["id"], row["bucket"])
+            for row in read_jsonl(EVALSETS_DIR / "long_context" / "data.jsonl")]
+    spec = load_spec(write_spec(tmp_path, stages=[
+        {"name": "kv", "kind": "kv_cache", "engine_flags": {"kv_cache_dtype": "fp8"}}],
+        evalsets=[{"name": "long_context", "limit": 80}, {"name": "math", "limit": 200}]))
+    baseline, kv = plan(spec)
+
+    def item(who: str, row_id: str, bucket: str, index: int) -> QualityItem:
+        right = index % 2 == 0 and not (who == "kv" and bucket == "4k" and index in (0, 4, 8))
+        return QualityItem(id=row_id, prompt_hash="h", response="r", score=float(right),
+                           output_tokens=5, finish_reason="stop", group=bucket)
+
+    def long_context(who: str, first: int) -> list[QualityItem]:
+        seen: dict[str, int] = {}
+        out = []
+        for row_id, bucket in rows[:first]:
+            out.append(item(who, row_id, bucket, seen.setdefault(bucket, 0)))
+            seen[bucket] += 1
+        return out
+
+    def measured(who: str) -> QualityResult:
+        quality = answers("math", [truth(i) for i in range(200)])
+        for math_item in quality.tasks["math"].items:
+            math_item.output_tokens, math_item.finish_reason = 5, "stop"
+        quality.tasks["long_context"] = TaskQuality(task="long_context", metric="acc", value=0.0,
+                                                    items=long_context(who, 80))
+        return quality
+
+    results = tmp_path / "run"
+    StageRecord(name="baseline", kind="baseline", parent=None, axes={}, comparability=asked_as(80),
+                quality=measured("baseline")).save(results / "baseline")
+    scored: list[tuple[str, str | None, int, int]] = []
+
+    def fake_score(facts, evalset, start, stop, out_dir, tokenizer_dir, template, concurrent,
+                   structured_output=False, group=None):
+        scored.append((facts.model, group, start, stop))
+        of_group = [row for row in rows if group is None or row[1] == group]
+        return [item(facts.model, row_id, bucket, start + i)
+                for i, (row_id, bucket) in enumerate(of_group[start:stop])]
+
+    @contextlib.contextmanager
+    def fake_engine(spec_, stage, log_path, port_offset, kept=None, placement=None):
+        yield EngineFacts(base_url="http://b", model=stage.name, command=["vllm"])
+
+    monkeypatch.setattr(adaptive, "_score", fake_score)
+    monkeypatch.setattr(adaptive, "engine_beside", fake_engine)
+    stage_facts = EngineFacts(base_url="http://s", model="kv", command=["vllm"])
+    quality = adaptive.grow_until_decided(kv, measured("kv"), stage_facts, spec, baseline,
+                                          results, POLICY, {"long_context": 240, "math": 1040}, 2)
+    assert scored == [("baseline", "4k", 20, 40), ("kv", "4k", 20, 40)]
+    assert quality.looks == 2 and quality.added_items == {"long_context": 20}
+    four_k = [row_id for row_id, bucket in rows if bucket == "4k"]
+    assert [i.id for i in quality.tasks["long_context"].items[80:]] == four_k[20:40]
+    more = MoreItems.kept(results / "baseline")
+    assert [i.id for i in more.tasks["long_context"]] == four_k[20:40]
+    stored = StageRecord.read(results / "baseline")
+    stage = StageRecord(name="kv", kind="kv_cache", parent="baseline", axes={}, quality=quality)
+    assert id_differences(stage, stored) == []

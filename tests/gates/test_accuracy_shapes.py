@@ -238,3 +238,38 @@ def test_an_earlier_look_without_every_set_decides_nothing_pooled():
     checks = by_rule(quality_checks(stage, baseline, baseline, POLICY))
     assert "decided at look 1" not in checks["quality.accuracy"].reason
     assert checks["quality.code"].status == "fail"
+
+
+def test_an_unresolved_bucket_grows_alone_and_to_all_its_items_at_the_last_look():
+    right = {"512": 28, "1k": 24, "2k": 20, "4k": 16}
+    base, groups = bucketed(30, right)
+    worse, _ = bucketed(30, right | {"4k": 10})  # the 4k bucket alone unresolved
+    def timed(rows: list[QualityItem]) -> list[QualityItem]:  # every answer 5 tokens
+        return [row.model_copy(update={"output_tokens": 5, "finish_reason": "stop"})
+                for row in rows]
+
+    math_items = timed(items([1.0, 0.0] * 100))
+    baseline = record("baseline", None, {"long_context": timed(items(base, groups)),
+                                         "math": math_items})
+    stage = record("s", "baseline", {"long_context": timed(items(worse, groups)),
+                                     "math": math_items}, axes=KV)
+    pools = {"long_context": 480, "math": 1000}
+    group_pools = {"long_context": dict.fromkeys(BUCKETS, 120)}
+    look = next_look(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV,
+                     group_pools=group_pools)
+    assert look.groups == {"long_context": {"4k": 60}}  # x2, not every bucket nor the pool
+    assert look.reasons == {"long_context": ["quality.long_context.4k"]}
+    assert "long_context 4k 60 items (quality.long_context.4k)" in look.line()
+    # A reader growing whole sets asks the prefix that holds as many 4k items.
+    assert look.sizes == {"long_context": 240, "math": 200}
+    assert more_items(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV,
+                      group_pools=group_pools) == look.sizes
+    # No later look can resolve it: the last one takes every 4k item there is.
+    stage.quality.looks = POLICY.quality.max_looks - 1
+    last = next_look(stage.quality, baseline.quality, "8bit", POLICY, pools, axes=KV,
+                     group_pools=group_pools)
+    assert last.groups == {"long_context": {"4k": 120}}
+    # A weights stage judges buckets only on confident harm: nothing grows for them.
+    weights = record("s", "baseline", {"long_context": timed(items(worse, groups)),
+                                       "math": math_items})
+    assert next_look(weights.quality, baseline.quality, "8bit", POLICY, pools) is None
