@@ -45,8 +45,10 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
         {"rule": "more items", "method": (
             f"an unresolved rule scores more items: x{q.growth:g} per look, or straight to the size "
             "its observed discordance and design effect say would resolve it (blinded "
-            "re-estimation: the difference itself is not used), within the set's pool; a stage "
-            "judged on length against a parent other than the baseline serves that parent again")},
+            "re-estimation: the difference itself is not used), within the set's pool; a set "
+            "whose only open rules are groups grows those groups alone, and at the last look to "
+            "every item they have; a stage judged on length against a parent other than the "
+            "baseline serves that parent again")},
         {"rule": "length", "method": (
             f"paired log length ratio per set and pooled (equal weights), against the parent "
             f"(x{1 - length.max_change:g}..x{1 + length.max_change:g}) and the baseline "

@@ -94,7 +94,7 @@ class QualityRules(Rules):
         "of the pooled margin (its own items resolve only a larger loss)."
     )
     group_margin_factor: float = Field(
-        3.5, ge=1, le=20, description="Each group of a set (a long-context length bucket) at this "
+        2.5, ge=1, le=20, description="Each group of a set (a long-context length bucket) at this "
         "multiple of the pooled margin, for stages serving a quantized KV cache."
     )
     max_error_ratio: float = Field(

@@ -86,7 +86,7 @@ DEMO_SETS = (
     SetShape("math", 60, 1040, {"": 0.217}, tokens=70, budget=256),
     SetShape("business", 40, 300, {"": 0.325}, tokens=90, budget=256),
     SetShape("code", 20, 160, {"": 0.85}, tokens=120, budget=384),
-    SetShape("long_context", 40, 240, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
+    SetShape("long_context", 40, 480, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
              tokens=12, budget=32),
 )
 

@@ -24,7 +24,7 @@ from tools.generators import set_folder
 DATA_PATH = set_folder("long_context") / "data.jsonl"
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-bf16"
 DEFAULT_SEED = 20240611
-DEFAULT_PER_BUCKET = 60  # room to grow a KV stage's unresolved buckets (gates: groups)
+DEFAULT_PER_BUCKET = 120  # room for a KV stage's unresolved bucket to grow alone (gates: groups)
 
 INTRO = (
     "Below is a long and mostly dull diary. Somewhere inside it a pass key is written down. "
