@@ -13,7 +13,7 @@ multiplies the items of every set that still bears on the open rule by the polic
 within the set's pool, up to `max_looks` looks; the accuracy rule splits its alpha over those
 looks, so looking again cannot buy a false go. A set whose only open rules are some of its
 groups (a KV stage's long-context buckets) grows those groups alone; a grouped set grows group
-by group in any case (each group's next items, `_score_group`), so every engine holds each
+by group in any case (each group's next items, `_score_more`), so every engine holds each
 group's first items and a later look, or a later stage, asks only for what is missing.
 """
 
@@ -76,16 +76,22 @@ def group_targets(look: Look, name: str, wanted: int, order: list[str] | None,
     return dict(Counter(order[:wanted]))
 
 
-def _score_group(facts: EngineFacts, spec: EvalSetSpec, group: str, task: TaskQuality,
-                 want: int, out_dir: Path, tokenizer_dir: Path, chat_template: bool,
-                 num_concurrent: int, structured_output: bool = False) -> list[QualityItem]:
-    """The next items of one group on one engine, up to `want` of that group: appended to
-    `task` and returned (none when it has them)."""
-    have = group_counts(task.items).get(group, 0)
+def _has(task: TaskQuality, group: str | None) -> int:
+    """The items an engine holds of the set (`group` None: its prefix) or of one group."""
+    return len(task.items) if group is None else group_counts(task.items).get(group, 0)
+
+
+def _score_more(facts: EngineFacts, spec: EvalSetSpec, group: str | None, task: TaskQuality,
+                want: int, out_dir: Path, tokenizer_dir: Path, chat_template: bool,
+                num_concurrent: int, structured_output: bool = False) -> list[QualityItem]:
+    """The set's next items on one engine, up to `want` (`group` None: of the set's own order,
+    else of that group's): appended to `task` and returned (none when it has them)."""
+    have = _has(task, group)
     if want <= have:
         return []
+    by_group = {} if group is None else {"group": group}
     more = _score(facts, spec, have, want, out_dir, tokenizer_dir, chat_template,
-                  num_concurrent, structured_output, group=group)
+                  num_concurrent, structured_output, **by_group)
     task.extend(more)
     return more
 
@@ -191,66 +197,33 @@ def grow_until_decided(
                 if name not in look.reasons:  # not growing at this look
                     continue
                 base_task, task = base_record.quality.tasks[name], quality.tasks[name]
-                targets = group_targets(look, name, wanted, orders.get(name), task.items)
-                if targets is not None:
-                    parent_task = parent.tasks.get(name) if served else None
-                    for group, want in targets.items():
-                        if want > group_counts(base_task.items).get(group, 0):
-                            base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
-                                               BASELINE_PORT_OFFSET)
-                            more = _score_group(base_facts, sets[name], group, base_task, want,
-                                                baseline_folder / MoreItems.FOLDER,
-                                                baseline.checkpoint, spec.chat_template,
-                                                num_concurrent)
-                            base_more.add(name, more, stage.name)
-                            base_more.keep(baseline_folder)
-                        if parent_task is not None and want > group_counts(
-                                parent_task.items).get(group, 0):
-                            parent_facts = serve(parent_stage,
-                                                 parent_folder / "engine-more-items.log",
-                                                 PARENT_PORT_OFFSET)
-                            more = _score_group(parent_facts, sets[name], group, parent_task,
-                                                want, parent_folder / MoreItems.FOLDER,
-                                                parent_stage.checkpoint, spec.chat_template,
-                                                num_concurrent, parent_stage.structured_output)
-                            parent_more.add(name, more, stage.name)
-                            parent_more.keep(parent_folder)
-                        more = _score_group(facts, sets[name], group, task, want,
-                                            results_dir / stage.name / "quality",
-                                            stage.checkpoint, spec.chat_template, num_concurrent,
-                                            stage.structured_output)
-                        if more:
-                            quality.added_items[name] = quality.added_items.get(name, 0) + len(
-                                more)
-                    continue
-                if wanted > len(base_task.items):
-                    base_facts = serve(baseline, baseline_folder / "engine-more-items.log",
-                                       BASELINE_PORT_OFFSET)
-                    more = _score(base_facts, sets[name], len(base_task.items), wanted,
-                                  baseline_folder / MoreItems.FOLDER, baseline.checkpoint,
-                                  spec.chat_template, num_concurrent)
-                    base_task.extend(more)
-                    base_more.add(name, more, stage.name)
-                    base_more.keep(baseline_folder)
                 parent_task = parent.tasks.get(name) if served else None
-                if parent_task is not None and wanted > len(parent_task.items):
-                    parent_facts = serve(parent_stage, parent_folder / "engine-more-items.log",
-                                         PARENT_PORT_OFFSET)
-                    more = _score(parent_facts, sets[name], len(parent_task.items), wanted,
-                                  parent_folder / MoreItems.FOLDER, parent_stage.checkpoint,
-                                  spec.chat_template, num_concurrent,
-                                  parent_stage.structured_output)
-                    parent_task.extend(more)
-                    parent_more.add(name, more, stage.name)
-                    parent_more.keep(parent_folder)
-                before = len(task.items)
-                if wanted > before:
-                    task.extend(_score(facts, sets[name], before, wanted,
+                targets = group_targets(look, name, wanted, orders.get(name), task.items)
+                for group, want in ([(None, wanted)] if targets is None else targets.items()):
+                    if _has(base_task, group) < want:
+                        more = _score_more(serve(baseline, baseline_folder / "engine-more-items.log",
+                                                 BASELINE_PORT_OFFSET),
+                                           sets[name], group, base_task, want,
+                                           baseline_folder / MoreItems.FOLDER,
+                                           baseline.checkpoint, spec.chat_template, num_concurrent)
+                        base_more.add(name, more, stage.name)
+                        base_more.keep(baseline_folder)
+                    if parent_task is not None and _has(parent_task, group) < want:
+                        more = _score_more(serve(parent_stage,
+                                                 parent_folder / "engine-more-items.log",
+                                                 PARENT_PORT_OFFSET),
+                                           sets[name], group, parent_task, want,
+                                           parent_folder / MoreItems.FOLDER,
+                                           parent_stage.checkpoint, spec.chat_template,
+                                           num_concurrent, parent_stage.structured_output)
+                        parent_more.add(name, more, stage.name)
+                        parent_more.keep(parent_folder)
+                    more = _score_more(facts, sets[name], group, task, want,
                                        results_dir / stage.name / "quality", stage.checkpoint,
                                        spec.chat_template, num_concurrent,
-                                       stage.structured_output))
-                    quality.added_items[name] = quality.added_items.get(name, 0) + len(
-                        task.items) - before
+                                       stage.structured_output)
+                    if more:
+                        quality.added_items[name] = quality.added_items.get(name, 0) + len(more)
     finally:
         for _, stack in beside.values():
             stack.close()
