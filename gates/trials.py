@@ -1,8 +1,9 @@
 """Simulated acceptance runs: records shaped like the real sets through the adaptive looks and decide().
 
 One trial draws a baseline and a stage or chain (gates.simulate), grows the stage's sets exactly as
-the flow does (`gates.accuracy.more_items`, up to the policy's looks, each look recorded) and
-judges it with `decide()`. The decision benchmark and validate's power check both run on it.
+the flow does (`gates.accuracy.next_look`: by prefix or by group, up to the policy's looks, each
+look recorded) and judges it with `decide()`. The decision benchmark and validate's power check
+both run on it.
 """
 
 from __future__ import annotations
