@@ -81,12 +81,13 @@ class SetShape:
 
 
 # The demo's sets at the sizes the demo runs: first look, pool, and the baseline accuracies the
-# real demo measured (long context per bucket: short contexts near the ceiling, 4k far lower;
-# business per task group: classify at the floor, extract 62 %, json 15 %, 33 % in all).
+# real demo measured (long context per bucket: short contexts near the ceiling, 4k far lower).
+# Business is one group here though its data has three (classify at the floor, extract 62 %,
+# json 15 %): a set-wide drop is drawn group by group, and a group at the floor cannot lose its
+# share, so "business loses 8 points" would draw about 6 (a row's label must be its truth).
 DEMO_SETS = (
     SetShape("math", 60, 1040, {"": 0.217}, tokens=70, budget=256),
-    SetShape("business", 40, 300, {"classify": 0.02, "extract": 0.62, "json": 0.15},
-             tokens=90, budget=256),
+    SetShape("business", 40, 300, {"": 0.325}, tokens=90, budget=256),
     SetShape("code", 20, 160, {"": 0.85}, tokens=120, budget=384),
     SetShape("long_context", 40, 480, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
              tokens=12, budget=32),
