@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from evalsets.contracts import fit_to_context, requests_in_flight
@@ -81,16 +82,18 @@ def _has(task: TaskQuality, group: str | None) -> int:
     return len(task.items) if group is None else group_counts(task.items).get(group, 0)
 
 
-def _score_more(facts: EngineFacts, spec: EvalSetSpec, group: str | None, task: TaskQuality,
-                want: int, out_dir: Path, tokenizer_dir: Path, chat_template: bool,
-                num_concurrent: int, structured_output: bool = False) -> list[QualityItem]:
+def _score_more(engine: Callable[[], EngineFacts], spec: EvalSetSpec, group: str | None,
+                task: TaskQuality, want: int, out_dir: Path, tokenizer_dir: Path,
+                chat_template: bool, num_concurrent: int,
+                structured_output: bool = False) -> list[QualityItem]:
     """The set's next items on one engine, up to `want` (`group` None: of the set's own order,
-    else of that group's): appended to `task` and returned (none when it has them)."""
+    else of that group's): appended to `task` and returned. None are asked, and the `engine`
+    (a callable that serves it) is not started, when the task has them already."""
     have = _has(task, group)
     if want <= have:
         return []
     by_group = {} if group is None else {"group": group}
-    more = _score(facts, spec, have, want, out_dir, tokenizer_dir, chat_template,
+    more = _score(engine(), spec, have, want, out_dir, tokenizer_dir, chat_template,
                   num_concurrent, structured_output, **by_group)
     task.extend(more)
     return more
@@ -153,8 +156,13 @@ def grow_until_decided(
     parent_folder = results_dir / stage.parent
     parent_more = (MoreItems.kept(parent_folder) or MoreItems()) if served else None
     sets = {s.name: s for s in fit_to_context(spec.evalsets, facts.max_model_len)}
-    orders = {name: order for name, s in sets.items() if (order := group_order(s))}
-    group_pools = {name: dict(Counter(order)) for name, order in orders.items()}
+    orders: dict[str, list[str]] = {}  # each grouped set's pool order, read at the first look
+
+    def group_pools() -> dict[str, dict[str, int]]:
+        if not orders:
+            orders.update({name: order for name, s in sets.items() if (order := group_order(s))})
+        return {name: dict(Counter(order)) for name, order in orders.items()}
+
     started = time.monotonic()
     beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
 
@@ -182,7 +190,7 @@ def grow_until_decided(
                               "look's alpha, which more items would not undo: no more looks")
                 break
             look = next_look(quality, base_record.quality, precision, policy, pools, parent,
-                             axes, parent_served=served, group_pools=group_pools)
+                             axes, parent_served=served, group_pools=group_pools())
             if look is None:
                 break
             sizes = look.sizes
@@ -200,25 +208,26 @@ def grow_until_decided(
                 parent_task = parent.tasks.get(name) if served else None
                 targets = group_targets(look, name, wanted, orders.get(name), task.items)
                 for group, want in ([(None, wanted)] if targets is None else targets.items()):
-                    if _has(base_task, group) < want:
-                        more = _score_more(serve(baseline, baseline_folder / "engine-more-items.log",
-                                                 BASELINE_PORT_OFFSET),
-                                           sets[name], group, base_task, want,
-                                           baseline_folder / MoreItems.FOLDER,
-                                           baseline.checkpoint, spec.chat_template, num_concurrent)
+                    more = _score_more(lambda: serve(baseline, baseline_folder / "engine-more-items.log",
+                                                     BASELINE_PORT_OFFSET),
+                                       sets[name], group, base_task, want,
+                                       baseline_folder / MoreItems.FOLDER,
+                                       baseline.checkpoint, spec.chat_template, num_concurrent)
+                    if more:
                         base_more.add(name, more, stage.name)
                         base_more.keep(baseline_folder)
-                    if parent_task is not None and _has(parent_task, group) < want:
-                        more = _score_more(serve(parent_stage,
-                                                 parent_folder / "engine-more-items.log",
-                                                 PARENT_PORT_OFFSET),
+                    if parent_task is not None:
+                        more = _score_more(lambda: serve(parent_stage,
+                                                         parent_folder / "engine-more-items.log",
+                                                         PARENT_PORT_OFFSET),
                                            sets[name], group, parent_task, want,
                                            parent_folder / MoreItems.FOLDER,
                                            parent_stage.checkpoint, spec.chat_template,
                                            num_concurrent, parent_stage.structured_output)
-                        parent_more.add(name, more, stage.name)
-                        parent_more.keep(parent_folder)
-                    more = _score_more(facts, sets[name], group, task, want,
+                        if more:
+                            parent_more.add(name, more, stage.name)
+                            parent_more.keep(parent_folder)
+                    more = _score_more(lambda: facts, sets[name], group, task, want,
                                        results_dir / stage.name / "quality", stage.checkpoint,
                                        spec.chat_template, num_concurrent,
                                        stage.structured_output)

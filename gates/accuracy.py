@@ -574,6 +574,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     sets = {name: SetCounts.of(f"quality.{name}", vs_baseline, vs_parent)
             for name, (vs_baseline, vs_parent) in paired.items()}
     sizes = {name: len(stage.tasks[name].items) for name in paired}
+    have = {name: group_counts(stage.tasks[name].items) for name in paired}
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
     per_group = groups_required(axes, policy)
 
@@ -605,7 +606,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
 
     def group_targets(name: str) -> dict[str, int]:
         """Each unresolved group's items after the look, within what its group has."""
-        counts, n = group_counts(stage.tasks[name].items), sizes[name]
+        counts, n = have[name], sizes[name]
         has = (group_pools or {}).get(name) or {
             group: limits[name] * count // max(1, n) for group, count in counts.items()}
         out = {}
@@ -625,8 +626,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         open_groups[name] = groups
         if own:
             own_open.add(name)
-        now = group_counts(stage.tasks[name].items)
-        needs[name] = max([own, *(need * counts.items // max(1, now.get(group, 0))
+        needs[name] = max([own, *(need * counts.items // max(1, have[name].get(group, 0))
                                   for group, need in groups.items())])
         reasons[name] += ([f"quality.{name}"] if own else []) + [
             f"quality.{name}.{group}" for group in sorted(groups, key=natural_order)]
@@ -644,9 +644,8 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
             if not targets:  # every open group has all its items already
                 continue
             by_group[name] = targets
-            counts_now = group_counts(stage.tasks[name].items)
             step = max(math.ceil(sizes[name] * q.growth),
-                       *(math.ceil(want * sizes[name] / max(1, counts_now.get(group, 1)))
+                       *(math.ceil(want * sizes[name] / max(1, have[name].get(group, 1)))
                          for group, want in targets.items()))
             grown[name] = max(sizes[name], min(limits[name], step))
             continue
