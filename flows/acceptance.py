@@ -7,6 +7,7 @@ the report, and the registry's tags (flows/summary.py)."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from flows.estimate import RunEstimate, predicted_against_actual
 from flows.host import host_slot
 from flows.preflight import Prepared, take_checked
 from flows.references import engines_to_keep
+from flows.repair import repair_stages
 from flows.run_context import RunContext
 from flows.run_inputs import keep_inputs
 from flows.settings import Settings
@@ -27,7 +29,7 @@ from flows.stage import measure_one
 from flows.summary import flow_run_tags, record_registry_verdict, stage_summary, tag_registry_version
 from flows.timing import timed, utc_now
 from flows.tracking import Tracker
-from gates.decide import decide
+from gates.decide import decide, repair_verdicts
 from gates.diagnosis import read_diagnoses
 from gates.policy import save_run_policy
 from gates.record import RunManifest, StageRecord
@@ -88,6 +90,28 @@ def _say(line: str | None) -> None:
         progress.line(line)
 
 
+def on_rollback(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
+                manifest: RunManifest, tracker: Tracker, records: list[StageRecord],
+                verdict: Verdict, clock: dict[str, float]) -> tuple[list[StageRecord], Verdict]:
+    """Each failed stage diagnosed and, where asked, its repair built and measured (the host's
+    slot held: the diagnosis uses every core the box gives this process, as an engine would);
+    the verdict again, the candidate's decision unchanged, each repair's beside it."""
+    with host_slot(), engine_key(prepared.api_key):
+        with timed(clock, "diagnosis"):
+            diagnose_failed(results_dir, verdict, records, prepared.policy,
+                            max_tokens=settings.diagnose_max_tokens,
+                            threads=len(os.sched_getaffinity(0)))
+        if not settings.repair_on_rollback:
+            return records, verdict
+        with timed(clock, "repair"):
+            records = repair_stages(prepared, results_dir, settings, no_cache, manifest, tracker,
+                                    records)
+    verdict = decide(prepared.spec.candidate, records, prepared.policy)
+    verdict.repairs = repair_verdicts(prepared.spec.candidate, records, prepared.policy,
+                                      read_diagnoses(results_dir, [r.name for r in records]))
+    return records, verdict
+
+
 @flow(name="acceptance", log_prints=True)
 def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | None = None) -> Verdict:
     """Baseline, then each stage against its parent; returns the verdict (also on disk).
@@ -129,10 +153,11 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             records = [StageRecord.read(results_dir / record.name) for record in records]
             verdict = decide(spec.candidate, records, prepared.policy)
             verdict_path = verdict.save(results_dir / "verdict.json")
-        if settings.diagnose_on_rollback and verdict.decision == "rollback":
-            with timed(clock, "diagnosis"):
-                diagnose_failed(results_dir, verdict, records, prepared.policy,
-                                max_tokens=settings.diagnose_max_tokens)
+        if verdict.decision == "rollback" and (settings.diagnose_on_rollback
+                                               or settings.repair_on_rollback):
+            records, verdict = on_rollback(prepared, results_dir, settings, no_cache, manifest,
+                                           tracker, records, verdict, clock)
+            verdict.save(verdict_path)
         report_dir = (settings.reports_dir / results_dir.name).resolve()
         with timed(clock, "reporting"):
             report = write_report(

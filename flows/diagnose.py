@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from evalsets.token_corpus import ScoringCorpus
-from gates import stats
+from gates import repair, stats
 from gates.decide import decide, load_records
 from gates.diagnosis import (
     BIAS_RATIO,
@@ -27,7 +27,7 @@ from gates.diagnosis import (
     GroupCost,
     KvHeadOffsets,
 )
-from gates.policy import GatePolicy, run_policy
+from gates.policy import GatePolicy, precision_class, run_policy
 from gates.record import StageRecord
 from gates.verdict import Verdict
 from infra import sensitivity
@@ -185,11 +185,72 @@ def diagnose_stage(
                     with sensitivity.quantized(model, group, weights, activations):
                         values = sensitivity.kl_per_position(model, corpus)
                     diagnosis.costs.append(cost(group.name, "layer_module", values))
+            if activations is None and weights.kind == "int" and not held:
+                _repairs(model, corpus, record.axes["weights"], layer_group, diagnosis,
+                         policy, cost, say, started)
         if "kv_cache" in measured:
             _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)
     diagnosis.save(results_dir / stage)
     return diagnosis
+
+
+def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
+             layer_group: int, diagnosis: Diagnosis, policy: GatePolicy, cost: Callable,
+             say: Callable[[str], None], started: float) -> None:
+    """The cheapest repair option (gates.repair) whose emulated KL interval lies under its
+    target: a bisection within each family of options (gates.repair.families), bounded by the
+    cheapest passing option found so far; a family whose dearest option under that bound fails
+    costs one forward."""
+    params = repair.LayerParams(**sensitivity.layer_params(model))
+    groups = {g.name: g.layers for g in sensitivity.sweep_groups(model.layers, layer_group)}
+    layers = [layer for c in sorted(diagnosis.sweep("layer"), key=lambda c: c.mean_kl,
+                                    reverse=True) for layer in groups[c.name]]
+    kinds = [c.name for c in sorted(diagnosis.sweep("module"), key=lambda c: c.mean_kl,
+                                    reverse=True)]
+    target, why = repair.target_kl(policy, precision_class({"weights": failed}))
+    diagnosis.repair_target, diagnosis.repair_target_why = target, why
+    diagnosis.weight_bytes = repair.weight_bytes(params, repair.RepairOption(weights=failed,
+                                                                             bytes=0))
+    everything = tuple(range(model.layers))
+
+    def passes(option: repair.RepairOption) -> bool:
+        rest = sensitivity.Group("rest", tuple(i for i in everything if i not in option.kept_layers),
+                                 tuple(k for k in sensitivity.MODULE_KINDS
+                                       if k not in option.kept_kinds))
+        kept = sensitivity.Group("kept", tuple(option.kept_layers) or everything,
+                                 tuple(option.kept_kinds) or sensitivity.MODULE_KINDS)
+        with contextlib.ExitStack() as held:
+            held.enter_context(sensitivity.quantized(model, rest,
+                                                     sensitivity.parse_format(option.weights)))
+            if (option.kept_layers or option.kept_kinds) and option.kept_as != "bf16":
+                held.enter_context(sensitivity.quantized(
+                    model, kept, sensitivity.parse_format(option.kept_as)))
+            measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
+        option.mean_kl, option.ci_low, option.ci_high = (measured.mean_kl, measured.ci_low,
+                                                         measured.ci_high)
+        option.target = repair.target_kl(policy, precision_class({"weights": option.weights}))[0]
+        diagnosis.repairs = sorted([*diagnosis.repairs, option], key=lambda o: o.bytes)
+        say(f"{diagnosis.stage}: repair {option.name}: KL {option.mean_kl:.4f} "
+            f"[{option.ci_low:.4f}, {option.ci_high:.4f}] ({time.monotonic() - started:.0f}s)")
+        return repair.passes(option)
+
+    best: repair.RepairOption | None = None
+    for family in repair.families(repair.options(params, failed, layers, kinds)):
+        # Within a family the loss falls as bytes rise: bisect for its cheapest passing option,
+        # among those cheaper than the best found so far.
+        cheaper = [o for o in family if best is None or o.bytes < best.bytes]
+        if not cheaper or not passes(cheaper[-1]):
+            continue
+        low, high = 0, len(cheaper) - 1
+        while low < high:  # cheaper[high] passes
+            middle = (low + high) // 2
+            if passes(cheaper[middle]):
+                high = middle
+            else:
+                low = middle + 1
+        best = cheaper[high]
+    diagnosis.repair = best
 
 
 def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.KvFormat,

@@ -164,7 +164,7 @@ def plan(spec: Spec) -> list[Stage]:
                 f"stage {item.name!r} changes {len(changed)} axes against its parent "
                 f"{parent.name!r} ({detail}); a stage must change exactly one axis: {hint}"
             )
-        elif changed[0] != item.kind:
+        elif changed[0] != item.kind and item.kind != "repair":
             raise SpecError(
                 f"stage {item.name!r} is declared kind {item.kind!r} but what it serves changes "
                 f"{changed[0]} ({getattr(parent.axes, changed[0])} -> {getattr(axes, changed[0])})"

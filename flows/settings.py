@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         default=False, description="On a rollback, measure where each stage that failed a quality "
         "or divergence rule loses (quantgate diagnose: torch on the CPU, minutes for a 135M model, "
         "hours for a 7B one) before the report, which then shows it.")
+    repair_on_rollback: bool = Field(
+        default=False, description="After that diagnosis (implied), build the cheapest repair it "
+        "predicts to pass (LLM Compressor, its own venv) and serve it as a stage of kind repair "
+        "in the same run, judged with its own verdict beside the candidate's.")
     diagnose_max_tokens: int = Field(
         default=1024, ge=16, description="Corpus tokens forwarded per group by that diagnosis.")
     signer: str | None = Field(default=None, description="Name put in the report's sign-off block.")

@@ -87,7 +87,7 @@ class BaselineSpec(Strict):
 class StageSpec(Strict):
     name: str = Field(pattern=f"^{STAGE_NAME}$", description="Unique stage name.")
     kind: Literal["weights", "activations", "kv_cache", "weights_activations", "control",
-                  "structured_output"] = Field(
+                  "structured_output", "repair"] = Field(
         description="The one axis this stage changes; checked against what is served. "
         "'weights_activations' declares the coupled change of online W8A8 (e.g. quantization: "
         "fp8) on purpose: both axes at once, marked so in the report. 'control' "
@@ -95,7 +95,10 @@ class StageSpec(Strict):
         "and measures the noise floor of your own hardware. 'structured_output' also serves the "
         "parent's configuration, and asks with the engine's guided decoding: eval items that "
         "declare a JSON Schema carry it as response_format, and every load request a small "
-        "fixed one (schema validity and latency against the parent)."
+        "fixed one (schema validity and latency against the parent). 'repair' serves a "
+        "configuration a rollback's diagnosis chose (quantgate builds it): one axis changed "
+        "against its parent like any stage, judged with its own verdict beside the candidate's, "
+        "never as the candidate."
     )
     parent: str | None = Field(default=None, description="Default: the stage before it.")
     checkpoint: Path | None = Field(default=None, description="Default: the parent's checkpoint.")

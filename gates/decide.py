@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from gates.checks import stage_checks
+from gates.diagnosis import Diagnosis
 from gates.latency import error_rate_checks
 from gates.policy import GatePolicy, precision_class
 from gates.record import (
@@ -18,7 +19,7 @@ from gates.record import (
     StageRecord,
     StoredRecordError,
 )
-from gates.verdict import Check, RollbackPlan, StageVerdict, Verdict
+from gates.verdict import Check, RepairVerdict, RollbackPlan, StageVerdict, Verdict
 from infra.errors import QuantgateError, did_you_mean
 
 
@@ -44,12 +45,16 @@ def candidate_hash(record: StageRecord) -> str:
     return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Verdict:
+def decide(candidate: str, records: list[StageRecord], policy: GatePolicy,
+           final: str | None = None) -> Verdict:
     """Records in run order, baseline first. Go only when every stage of the tree passed.
 
-    The candidate is the last stage that is not a control; a control stage (the parent's exact
-    configuration served again) is judged like any stage and must pass: it is the team's own
-    noise floor, so a failing control blocks the go as surely as a failing sibling branch.
+    The candidate is the last stage that is not a control or a repair (or `final`, named); a
+    control stage (the parent's exact configuration served again) is judged like any stage and
+    must pass: it is the team's own noise floor, so a failing control blocks the go as surely as
+    a failing sibling branch. A repair stage (built after the candidate's rollback) is judged
+    like any stage but gets its own verdict (`repair_verdict`): it neither blocks the
+    candidate's go nor becomes a rollback target.
     """
     problem = chain_problem(records)
     if problem is not None:  # else a cycle would loop forever and a missing parent raise
@@ -58,15 +63,18 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         raise QuantgateError(f"{where}: {why}")
     by_name = {record.name: record for record in records}
     baseline = records[0]
-    measured = [r for r in records[1:] if r.kind != "control"]
-    final = measured[-1] if measured else None
+    if final is not None:
+        final_record = by_name[final]
+    else:
+        measured = [r for r in records[1:] if r.kind not in ("control", "repair")]
+        final_record = measured[-1] if measured else None
     verdicts: dict[str, StageVerdict] = {}
     for record in records:
         if record.parent is None:
             checks = _baseline_checks(record, policy)
         else:
             checks = stage_checks(record, by_name[record.parent], baseline, policy, by_name)
-        if record is final and record.emulated:
+        if record is final_record and record.emulated:
             checks.append(Check(
                 rule="servable", passed=False,
                 reason="the candidate stage serves dequantized (emulated) weights: what would ship "
@@ -86,17 +94,19 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         return True
 
     # Only a configuration that was really served can be rolled back to; a control is a copy.
-    accepted = next((r for r in reversed(records)
-                     if chain_passed(r.name) and not r.emulated and r.kind != "control"), None)
-    final_ok = final is not None and all(v.passed for v in verdicts.values())
+    accepted = next((r for r in reversed(records) if chain_passed(r.name) and not r.emulated
+                     and r.kind not in ("control", "repair")), None)
+    judged = {name: v for name, v in verdicts.items()
+              if by_name[name].kind != "repair" or name == final}
+    final_ok = final_record is not None and all(v.passed for v in judged.values())
     # What failed for good leads, in stage order; the rules left inconclusive follow (a rule that
     # fails stops the looks, so the rest of its stage often stays unresolved behind it).
-    failures = [(v, c) for v in verdicts.values() for c in v.failures]
+    failures = [(v, c) for v in judged.values() for c in v.failures]
     reasons = [f"{v.stage}: {c.rule}: {c.reason}"
                for v, c in sorted(failures, key=lambda pair: pair[1].status == "inconclusive")]
-    if final is None:
+    if final_record is None:
         reasons.append("no candidate stage was measured")
-    advisories = [f"{v.stage}: {c.rule}: {c.reason}" for v in verdicts.values() for c in v.advisories]
+    advisories = [f"{v.stage}: {c.rule}: {c.reason}" for v in judged.values() for c in v.advisories]
     command = accepted.facts.command_line() if accepted and accepted.facts else None
     return Verdict(
         candidate=candidate,
@@ -108,7 +118,7 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy) -> Ve
         advisories=advisories,
         rollback_plan=RollbackPlan(stage=accepted.name, command=command, axes=accepted.axes,
                                    fingerprint=accepted.fingerprint) if accepted else None,
-        candidate_hash=candidate_hash(final or records[-1]),
+        candidate_hash=candidate_hash(final_record or records[-1]),
         policy=policy.model_dump(mode="json"),
     )
 
@@ -223,3 +233,32 @@ def load_records(results_dir: Path) -> tuple[str, list[StageRecord]]:
                  f"{manifest_path}: stages {manifest.stages}")
         raise StoredRecordError(f"{where}: {why}")
     return manifest.candidate, records
+
+
+def chain(records: list[StageRecord], name: str) -> list[StageRecord]:
+    """The stage and its ancestors, in run order (baseline first)."""
+    by_name = {r.name: r for r in records}
+    names, at = set(), name
+    while at is not None:
+        names.add(at)
+        at = by_name[at].parent
+    return [r for r in records if r.name in names]
+
+
+def repair_verdicts(candidate: str, records: list[StageRecord], policy: GatePolicy,
+                    diagnoses: dict[str, Diagnosis]) -> list[RepairVerdict]:
+    """Each repair stage's verdict, judged as the final stage of its own chain."""
+    by_name = {r.name: r for r in records}
+    found = []
+    for failed, diagnosis in diagnoses.items():
+        stage = diagnosis.repair_stage
+        if stage is None or stage not in by_name or diagnosis.repair is None:
+            continue
+        verdict = decide(candidate, chain(records, stage), policy, final=stage)
+        facts = by_name[stage].facts
+        found.append(RepairVerdict(
+            stage=stage, repairs=failed, configuration=diagnosis.repair.name,
+            decision=verdict.decision, reasons=verdict.reasons,
+            weight_bytes=diagnosis.repair.bytes, failed_weight_bytes=diagnosis.weight_bytes,
+            command=facts.command_line() if facts else None))
+    return found

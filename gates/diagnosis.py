@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from gates.repair import RepairOption
 from infra.stored import StoredRecordError
 
 FILE = "diagnosis.json"
@@ -63,6 +64,16 @@ class Diagnosis(BaseModel):
     costs: list[GroupCost] = Field(default_factory=list)
     kv_offsets: list[KvHeadOffsets] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="What could not be emulated, why.")
+    repair_target: float | None = Field(
+        None, description="The emulated KL a repair must stay under (gates.repair.target_kl).")
+    repair_target_why: str = ""
+    repairs: list[RepairOption] = Field(
+        default_factory=list, description="The options measured, cheapest first.")
+    repair: RepairOption | None = Field(
+        None, description="The cheapest option whose KL interval lies under the target: what is "
+        "built and served as the repair stage.")
+    weight_bytes: int | None = Field(None, description="The failed configuration's weight bytes.")
+    repair_stage: str | None = Field(None, description="The stage that served the repair.")
     seconds: float = 0.0
     threads: int = 1
     forwards: int = 0
@@ -185,5 +196,31 @@ def summary(diagnosis: Diagnosis) -> list[str]:
                 lines.append(f"{name}: no layer has >= {BIAS_SHARE:.0%} of a head's dimensions "
                              f"with |mean| > {BIAS_RATIO:g} std (no constant bias to drown the "
                              f"signal; max {max(shares.values()):.0%}).")
+    lines += repair_lines(diagnosis)
     lines += [f"Skipped: {reason}" for reason in diagnosis.skipped]
+    return lines
+
+
+def repair_lines(diagnosis: Diagnosis) -> list[str]:
+    """What the repair search measured and chose, bytes against the failed configuration's."""
+    if diagnosis.repair_target is None or not diagnosis.repairs:
+        return []
+    failed = diagnosis.weight_bytes or 0
+
+    def cost(option) -> str:
+        extra = f", {option.bytes / failed - 1:+.1%} bytes" if failed else ""
+        return (f"{option.name}: KL {option.mean_kl:.4f} [{option.ci_low:.4f}, "
+                f"{option.ci_high:.4f}]{extra}")
+
+    tried = [cost(option) for option in diagnosis.repairs]
+    lines = [f"Repairs emulated (a bisection within each family of options) against KL <= "
+             f"{diagnosis.repair_target:.4f} "
+             f"({diagnosis.repair_target_why}): " + "; ".join(tried) + "."]
+    if diagnosis.repair is not None:
+        lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes / 2**20:.1f}"
+                     f" MiB of weights against {failed / 2**20:.1f} MiB): the cheapest "
+                     "configuration whose KL interval lies under the target.")
+    else:
+        lines.append("No option measured lies under the target within the search's budget: no "
+                     "repair is built.")
     return lines

@@ -163,6 +163,8 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
                   if diagnosis.sweep(sweep)]
         if diagnosis.kv_offsets:
             panels.append("offsets")
+        if diagnosis.repairs:
+            panels.append("repair")
         if panels:
             rows.append((diagnosis, panels))
     if not rows:
@@ -180,6 +182,8 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
             panel = panels[col]
             if panel == "offsets":
                 _offsets_panel(ax, diagnosis)
+            elif panel == "repair":
+                _repair_panel(ax, diagnosis)
             elif panel == "kv_layer":
                 _kv_panel(ax, diagnosis)
             else:
@@ -192,7 +196,7 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
                 ax.set_xlabel(where[panel][0])
                 ax.set_title(f"{diagnosis.stage}: {', '.join(diagnosis.emulated.values())} "
                              f"on {where[panel][1]}", fontsize=9)
-            if panel != "offsets":
+            if panel not in ("offsets", "repair"):
                 ax.set_ylabel("KL nats/token")
             ax.grid(alpha=0.3, axis="y")
     return _save(fig, path)
@@ -208,6 +212,32 @@ def _bars(ax, labels: list[str], costs: list, shift: float, color: str, label: s
     if labels:
         ax.set_xticks(np.arange(len(costs)), labels, rotation=90 if len(labels) > 10 else 30,
                       fontsize=7)
+
+
+def _repair_panel(ax, diagnosis: Diagnosis) -> None:
+    """The repair options measured: emulated KL (interval) against weight MiB, the failed
+    configuration, the target and the option chosen."""
+    options = diagnosis.repairs
+    mib = np.array([o.bytes for o in options]) / 2**20
+    means = np.array([o.mean_kl for o in options])
+    errors = np.array([[o.mean_kl - o.ci_low for o in options],
+                       [o.ci_high - o.mean_kl for o in options]])
+    ax.errorbar(mib, means, yerr=np.maximum(errors, 0), fmt="o", color="#0969da", capsize=2,
+                lw=1, label="options measured")
+    everything = diagnosis.sweep("all")
+    if everything and diagnosis.weight_bytes:
+        ax.plot([diagnosis.weight_bytes / 2**20], [everything[0].mean_kl], "x", color="#cf222e",
+                label=f"failed ({', '.join(diagnosis.emulated.values())})")
+    if diagnosis.repair_target is not None:
+        ax.axhline(diagnosis.repair_target, color="#1a7f37", ls="--", lw=1, label="target")
+    if diagnosis.repair is not None:
+        ax.plot([diagnosis.repair.bytes / 2**20], [diagnosis.repair.mean_kl], "o", ms=10,
+                mfc="none", color="#1a7f37", label="repair chosen")
+    ax.set_yscale("log")
+    ax.set_xlabel("weight MiB")
+    ax.set_ylabel("KL nats/token (emulated)")
+    ax.set_title(f"{diagnosis.stage}: repairs, KL against bytes", fontsize=9)
+    ax.legend(fontsize=7)
 
 
 def _kv_panel(ax, diagnosis: Diagnosis) -> None:

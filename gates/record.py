@@ -22,7 +22,7 @@ SCHEMA_VERSION = 2
 CANDIDATE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 STAGE_NAME = r"[a-z0-9][a-z0-9_-]*"
 STAGE_KINDS = ("baseline", "weights", "activations", "kv_cache", "weights_activations", "control",
-               "structured_output")
+               "structured_output", "repair")
 # A stage's results, each in its own file under the stage folder: field -> (subfolder, model).
 RESULTS: dict[str, tuple[str, type[Stored]]] = {
     "quality": ("quality", QualityResult), "load": ("load", LoadResult),

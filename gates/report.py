@@ -17,7 +17,7 @@ from gates.engine_facts import engine_rows, kernel_changes
 from gates.methods import methods
 from gates.policy import GatePolicy
 from gates.record import StageRecord
-from gates.verdict import StageVerdict, Verdict
+from gates.verdict import RepairVerdict, StageVerdict, Verdict
 from gates.whatif.search import Workload
 from gates.whatif.section import DEFAULT_GPUS, whatif_section
 
@@ -295,8 +295,21 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
     }
 
 
-def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, Any]:
-    """One failed stage's rollback diagnosis as the templates show it."""
+def repair_line(judged: RepairVerdict) -> str:
+    """A repair stage's verdict beside the failed stage's, with what shipping it would cost."""
+    cost = ""
+    if judged.weight_bytes and judged.failed_weight_bytes:
+        cost = (f"; {judged.weight_bytes / 2**20:.1f} MiB of weights, "
+                f"{judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
+                "candidate's (decode is bound by the weight bytes it reads)")
+    why = (": " + "; ".join(judged.reasons[:4]) + (" ..." if len(judged.reasons) > 4 else "")
+           if judged.reasons else "")
+    return (f"Repair tested as stage {judged.stage} ({judged.configuration}{cost}): "
+            f"{judged.decision.upper()}{why}.")
+
+
+def diagnosis_rows(diagnosis: Diagnosis, repairs: Sequence[RepairVerdict] = ()) -> dict[str, Any]:
+    """One failed stage's rollback diagnosis as the templates show it, with its repair's verdict."""
     how = (f"{diagnosis.kl}; {diagnosis.interval}; {diagnosis.sequences} sequences, "
            f"{diagnosis.tokens} tokens forwarded per group, {diagnosis.forwards} groups in "
            f"{diagnosis.seconds:.0f} s on {diagnosis.threads} thread"
@@ -304,7 +317,8 @@ def diagnosis_rows(diagnosis: Diagnosis) -> dict[str, Any]:
     return {"stage": diagnosis.stage, "parent": diagnosis.parent,
             "failed": ", ".join(diagnosis.failed_rules) or "-",
             "emulated": ", ".join(f"{a}={v}" for a, v in diagnosis.emulated.items()) or "-",
-            "how": how, "lines": summary(diagnosis)}
+            "how": how, "lines": summary(diagnosis) + [
+                repair_line(r) for r in repairs if r.repairs == diagnosis.stage]}
 
 
 def _environment(autoescape: bool):
@@ -354,7 +368,7 @@ def write_report(
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif,
                        prompts or _prompts)
     context["placement"] = list(placement)
-    context["diagnoses"] = [diagnosis_rows(d) for d in (diagnoses or {}).values()]
+    context["diagnoses"] = [diagnosis_rows(d, verdict.repairs) for d in (diagnoses or {}).values()]
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

@@ -67,6 +67,20 @@ class RollbackPlan(BaseModel):
     fingerprint: str | None = None
 
 
+class RepairVerdict(BaseModel):
+    """A repair stage's own verdict: the configuration a failed stage's diagnosis chose, built and
+    served in the same run, judged on its chain (baseline .. its parent, itself) as the final."""
+
+    stage: str
+    repairs: str = Field(description="The failed stage it repairs.")
+    configuration: str = Field(description="e.g. 'int4/group64, layers 11, 29 kept'.")
+    decision: Literal["go", "rollback"]
+    reasons: list[str] = Field(default_factory=list)
+    weight_bytes: int | None = None
+    failed_weight_bytes: int | None = Field(None, description="The failed configuration's.")
+    command: str | None = Field(None, description="Its engine command, as served.")
+
+
 class Verdict(BaseModel):
     schema_version: str = SCHEMA_VERSION
     candidate: str
@@ -84,6 +98,9 @@ class Verdict(BaseModel):
         default=None, description="sha256 (16 hex) of the final stage's served config and command."
     )
     policy: dict = Field(default_factory=dict, description="The gate policy this was judged by.")
+    repairs: list[RepairVerdict] = Field(
+        default_factory=list, description="Repairs built after a rollback, each with its verdict; "
+        "the candidate's decision above is not changed by them.")
 
     @property
     def exit_code(self) -> int:

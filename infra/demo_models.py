@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -122,9 +123,15 @@ def llmcompressor_python(explicit: Path | None = None) -> Path:
 
 
 def run_make_candidates(
-    baseline: Path, models_dir: Path, names: list[str], python: Path | None = None, log: Path | None = None
+    baseline: Path,
+    models_dir: Path,
+    names: list[str],
+    python: Path | None = None,
+    log: Path | None = None,
+    args: list[str] = (),
 ) -> list[Path]:
-    """Make ``names`` with ``make_candidates.py`` in the llmcompressor venv unless all are complete."""
+    """Make ``names`` with ``make_candidates.py`` in the llmcompressor venv unless all are complete
+    (``args``: the script's options instead of the names, e.g. ``--repair``)."""
     models_dir = Path(models_dir)
     candidates = [models_dir / name for name in names]
     if all(is_complete(c) for c in candidates):
@@ -133,7 +140,8 @@ def run_make_candidates(
     log = log or models_dir / "make_candidates.log"
     # -I: keep the script folder off the front of sys.path, so no infra module can shadow the stdlib.
     python = llmcompressor_python(python)
-    command = [str(python), "-I", str(MAKE_CANDIDATES_SCRIPT), str(baseline), str(models_dir), *names]
+    command = [str(python), "-I", str(MAKE_CANDIDATES_SCRIPT), str(baseline), str(models_dir),
+               *(args or names)]
     env = {**os.environ, **quiet("HF_HUB_OFFLINE", "DO_NOT_TRACK")}
     with log.open("w") as out:
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
@@ -154,6 +162,17 @@ def make_demo_candidates(
 ) -> list[Path]:
     """The default candidates (``CANDIDATE_NAMES``), made in the llmcompressor venv; returns their folders."""
     return run_make_candidates(baseline, models_dir, list(CANDIDATE_NAMES), python, log)
+
+
+def make_repair(baseline: Path, models_dir: Path, name: str, option: dict,
+                python: Path | None = None) -> Path:
+    """A repair's compressed-tensors checkpoint and its dequantized twin, made in the
+    llmcompressor venv; returns the twin's folder. ``option``: gates.repair.RepairOption's
+    fields (``weights``, ``kept_layers``, ``kept_kinds``, ``kept_as``)."""
+    repair = json.dumps({"name": name, **option})
+    log = Path(models_dir) / f"{name}.log"
+    return run_make_candidates(baseline, models_dir, [name, f"{name}-dequant"], python, log,
+                               args=["--repair", repair])[1]
 
 
 def prepare_candidates(models_dir: Path, formats: list[str], python: Path | None = None) -> list[Path]:

@@ -143,6 +143,20 @@ def calibration_dataset(tokenizer: Any, files: list[Path]) -> Any:
     return Dataset.from_dict({"input_ids": windows, "attention_mask": [[1] * length for _ in windows]})
 
 
+def repair_scheme(weights: str) -> dict:
+    """A repair's weights format as quantgate's axes name it (``int4/group32``, ``int8/channel``)."""
+    head, _, strategy = weights.partition("/")
+    if not head.startswith("int") or not (strategy == "channel" or strategy.startswith("group")):
+        raise ValueError(f"repair format {weights!r}: only intN/groupG and intN/channel are made")
+    group = int(strategy.removeprefix("group")) if strategy.startswith("group") else None
+    return {"weights": int_weights(int(head.removeprefix("int")), group)}
+
+
+def kept_patterns(layers: list[int], kinds: list[str]) -> list[str]:
+    """Patterns naming these decoder layers' linears and these module kinds in every layer."""
+    return [rf"re:.*layers\.{index}\..*" for index in layers] + [rf"re:.*\.{kind}$" for kind in kinds]
+
+
 def make_candidate(
     baseline: Path,
     target: Path,
@@ -150,11 +164,15 @@ def make_candidate(
     *,
     fmt: Any = None,
     calibration: list[Path] | None = None,
+    keep: list[str] = (),
+    keep_scheme: dict | None = None,
 ) -> float:
     """Quantize ``baseline`` into ``target`` atomically with ``scheme`` or format ``fmt``; returns seconds.
 
     Layers whose input width the format's group size does not divide stay bf16 (llmcompressor refuses
-    to group them); the checkpoint's ``ignore`` list names them.
+    to group them); the checkpoint's ``ignore`` list names them. A mixed-precision repair keeps the
+    modules the ``keep`` patterns name: ignored (bf16), or given ``keep_scheme`` in a second config
+    group (compressed-tensors prefers a regex target to the class target ``Linear``).
     """
     import torch
     from llmcompressor import oneshot
@@ -175,7 +193,13 @@ def make_candidate(
         skipped = formats.layers_left_unquantized(widths, fmt.group_size if fmt else None)
         if widths and len(skipped) == len(widths):
             raise ValueError(f"group size {fmt.group_size} divides no layer's input width: nothing to do")
-        modifier_args = {"config_groups": {"group_0": qscheme}, "ignore": ["lm_head", *skipped]}
+        groups = {"group_0": qscheme}
+        if keep and keep_scheme is not None:
+            from compressed_tensors.quantization import QuantizationScheme
+
+            groups["group_1"] = QuantizationScheme(targets=list(keep), **keep_scheme)
+        ignore = ["lm_head", *skipped, *(keep if keep_scheme is None else ())]
+        modifier_args = {"config_groups": groups, "ignore": ignore}
         if fmt is not None and fmt.method == "gptq":
             if not calibration:
                 raise ValueError(f"{fmt.name} is GPTQ: it needs calibration text files")
@@ -322,6 +346,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="text files for GPTQ calibration (default: the repo's own README and design notes)",
     )
+    parser.add_argument(
+        "--repair",
+        type=json.loads,
+        default=None,
+        help='a repair as JSON, {"name": N, "weights": "int4/group32", "kept_layers": [11, 29], '
+        '"kept_kinds": ["down_proj"], "kept_as": "bf16" or "int8/channel"}: makes N and its '
+        "dequantized twin N-dequant",
+    )
     parser.add_argument("--list", action="store_true", help="print every candidate name and exit")
     parser.add_argument("--resolve-schemes", action="store_true", help="print the formats' schemes as JSON")
     args = parser.parse_args(argv)
@@ -340,6 +372,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.baseline} has no config.json: not a checkpoint folder")
     calibration = args.calibration_text or formats.calibration_files(Path(__file__).resolve().parents[1])
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    if args.repair is not None:
+        name = args.repair["name"]
+        compressed, twin = args.output_dir / name, args.output_dir / f"{name}-dequant"
+        repair = args.repair
+        keep = kept_patterns(repair.get("kept_layers", []), repair.get("kept_kinds", []))
+        kept_as = repair.get("kept_as", "bf16")
+        keep_scheme = None if kept_as == "bf16" else repair_scheme(kept_as)
+        scheme = repair_scheme(repair["weights"])
+        if not (compressed / COMPLETE_MARKER).is_file():
+            seconds = make_candidate(args.baseline, compressed, scheme, keep=keep, keep_scheme=keep_scheme)
+            print(f"{name}: written to {compressed} in {seconds:.1f} s", flush=True)
+        if not (twin / COMPLETE_MARKER).is_file():
+            seconds = make_dequantized(args.baseline, compressed, twin)
+            print(f"{twin.name}: written to {twin} in {seconds:.1f} s", flush=True)
+        return 0
     wanted = args.names or list(CANDIDATES)
     # A dequantized twin needs its compressed candidate: make that first even when not asked for.
     wanted = [n for n in ALL_NAMES if n in wanted or n in {TWIN_SOURCE.get(w) for w in wanted}]

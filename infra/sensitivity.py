@@ -249,6 +249,20 @@ def _linears(model: Model, group: Group) -> Iterator:
             yield getattr(parent, kind)
 
 
+def layer_params(model: Model) -> dict:
+    """Per decoder layer its linears' input and output widths (MODULE_KINDS order), and every
+    other parameter's count (gates.repair.LayerParams' fields)."""
+    ins, outs, linear = [], [], 0
+    for index in range(model.layers):
+        modules = list(_linears(model, Group(f"layer {index}", (index,))))
+        linear += sum(m.weight.numel() for m in modules)
+        ins.append([m.in_features for m in modules])
+        outs.append([m.out_features for m in modules])
+    total = sum(p.numel() for p in model.module.parameters())
+    return {"kinds": list(MODULE_KINDS), "in_features": ins, "out_features": outs,
+            "other": total - linear}
+
+
 @contextlib.contextmanager
 def quantized(model: Model, group: Group, weights: TensorFormat | None,
               activations: TensorFormat | None = None) -> Iterator[None]:

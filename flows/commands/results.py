@@ -27,7 +27,8 @@ def gate(
 ) -> None:
     """Recompute the verdict from a stored results folder (no engine needed), by the policy the
     run was judged with unless --policy names another."""
-    from gates.decide import decide, load_records
+    from gates.decide import decide, load_records, repair_verdicts
+    from gates.diagnosis import read_diagnoses
     from gates.policy import load_policy, run_policy
     from gates.rules import check_settings
 
@@ -47,13 +48,14 @@ def gate(
         check_settings(rules, f"gate policy {source}")  # plug-in rules' own settings
         console.print(f"policy: {escape(source)}", highlight=False)
         verdict = decide(candidate, records, rules)
+        verdict.repairs = repair_verdicts(candidate, records, rules, read_diagnoses(
+            results_dir, [r.name for r in records]))
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)
     for line in _run_placement(results_dir):  # where a CUDA run's engines went
         console.print(f"placement: {escape(line)}", highlight=False)
     if report is not None:
-        from gates.diagnosis import read_diagnoses
         from gates.report import write_report
 
         try:

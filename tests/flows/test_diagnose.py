@@ -53,6 +53,27 @@ def test_a_weights_stage_is_diagnosed_per_layer_and_kind(tmp_path, checkpoint):
         assert cost.ci_low <= cost.mean_kl <= cost.ci_high
 
 
+def test_the_repair_search_chooses_the_cheapest_option_it_measured_under_the_target(
+        tmp_path, checkpoint):
+    """int4/group64 on the tiny model loses a lot; the search (a bisection per family of
+    options, gates.repair) keeps the cheapest measured option whose interval is under its
+    target, and it is cheaper than 8-bit everywhere whenever a mixed option passes."""
+    from gates.repair import passes
+
+    records = _run(tmp_path, "w4", {"weights": "int4/group64"}, "weights")
+    found = diagnose_stage(tmp_path, "w4", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=200)
+    assert found.repair_target is not None and found.weight_bytes > 0
+    assert found.repairs and [o.bytes for o in found.repairs] == sorted(o.bytes for o in found.repairs)
+    passing = [o for o in found.repairs if passes(o)]
+    assert found.repair is not None, [(o.name, o.ci_high, o.target) for o in found.repairs]
+    assert found.repair == min(passing, key=lambda o: o.bytes)
+    assert found.repair.bytes > found.weight_bytes
+    # Fewer forwards than options: the search does not measure them all.
+    assert len(found.repairs) < 40
+    assert read_diagnosis(tmp_path / "w4").repair == found.repair
+
+
 def test_a_kv_stage_is_diagnosed_k_apart_from_v_with_the_offsets(tmp_path, checkpoint):
     records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3/calibrated"}, "kv_cache")
     found = diagnose_stage(tmp_path, "kv", records, GatePolicy(), ["divergence.kl"],

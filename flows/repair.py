@@ -1,0 +1,89 @@
+"""A repair tested, not suggested: after a rollback, each diagnosed stage's chosen repair built and
+served as a stage of the same run.
+
+The diagnosis (flows/diagnose.py) emulated the repair options cheapest first and chose the first
+whose KL interval lies under the target (gates.repair). Here that configuration is made with LLM
+Compressor (infra.demo_models.make_repair, in its own venv: the compressed checkpoint and its
+dequantized twin), added to the run as a stage of kind `repair` whose parent is the failed stage's
+parent, measured like any stage (flows/stage.py: quality, divergence, load against its parent)
+and judged on its own chain (gates.decide.repair_verdicts); the candidate's decision stands.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+from flows.cache import StageCache, digest, stage_keys
+from flows.engines import KeptEngines
+from flows.plan import plan
+from flows.preflight import Prepared
+from flows.run_context import RunContext
+from flows.settings import Settings
+from flows.spec import StageSpec
+from flows.stage import measure_one
+from flows.tracking import Tracker
+from gates.diagnosis import Diagnosis, read_diagnoses
+from gates.record import RunManifest, StageRecord
+from infra.checkpoint import check_checkpoint
+from infra.demo_models import make_repair
+from infra.errors import QuantgateError
+from infra.progress import progress
+
+log = logging.getLogger(__name__)
+FOLDER = "repairs"  # under the results root: built once, reused by later runs
+
+
+def repair_name(baseline: Path, diagnosis: Diagnosis) -> str:
+    """The built checkpoint's folder name: the baseline's, the format, the layers kept."""
+    option = diagnosis.repair
+    kept = "-".join([*map(str, option.kept_layers), *option.kept_kinds])
+    kept_as = option.kept_as.replace("/", "-")
+    return (f"{baseline.name}-{option.weights.replace('/', '-')}"
+            + (f"-keep-{kept}-{kept_as}" if kept else ""))
+
+
+def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
+                  manifest: RunManifest, tracker: Tracker,
+                  records: list[StageRecord]) -> list[StageRecord]:
+    """Each diagnosed stage's repair built and measured; the run's records with them (as stored).
+    A repair that cannot be built is logged with its reason and left out: the verdict stands."""
+    by_name = {r.name: r for r in records}
+    diagnoses = read_diagnoses(results_dir, list(by_name))
+    baseline = prepared.stages[0]
+    for failed, diagnosis in diagnoses.items():
+        if diagnosis.repair is None or diagnosis.repair_stage is not None:
+            continue
+        stage_name = f"{failed}-repair"
+        try:
+            built = make_repair(baseline.checkpoint, settings.results_dir.resolve() / FOLDER,
+                                repair_name(baseline.checkpoint, diagnosis),
+                                diagnosis.repair.model_dump(include={"weights", "kept_layers",
+                                                                     "kept_kinds", "kept_as"}))
+            if not by_name[failed].emulated:  # the failed stage served the real format: so does its repair
+                built = built.with_name(built.name.removesuffix("-dequant"))
+            check_checkpoint(built)
+        except QuantgateError as err:
+            log.warning("no repair of stage %s: %s", failed, err)
+            continue
+        progress.line(f"stage {stage_name}: repairs {failed} with {diagnosis.repair.name} "
+                      f"({built})")
+        spec = prepared.spec
+        spec = spec.model_copy(update={"stages": [*spec.stages, StageSpec(
+            name=stage_name, kind="repair", parent=by_name[failed].parent, checkpoint=built)]})
+        repaired = copy.copy(prepared)
+        repaired.spec, repaired.stages = spec, plan(spec)
+        parts = stage_keys(repaired.stages, spec, prepared.profile.model_dump(mode="json"),
+                           prepared.policy.model_dump(mode="json"), settings.num_concurrent)
+        keys = {name: digest(p) for name, p in parts.items()}
+        with KeptEngines() as kept:
+            run = RunContext(repaired, results_dir, settings, no_cache, manifest, tracker,
+                             StageCache(settings.stage_cache_dir), parts, keys, kept, {},
+                             records=dict(by_name))
+            by_name[stage_name] = measure_one(repaired.stages[-1], run)
+        prepared = repaired  # a second repair is planned after the first
+        diagnosis.repair_stage = stage_name
+        diagnosis.save(results_dir / failed)
+    manifest.save(results_dir)
+    return [StageRecord.read(results_dir / name) for name in by_name]

@@ -1,0 +1,141 @@
+"""The repairs a weights diagnosis weighs: cheaper-to-most-expensive configurations near the failed one.
+
+A failed weight format is repaired by spending bytes where the diagnosis found the loss: the
+costliest decoder layers kept at the parent's precision (mixed precision, ModelOpt's
+`auto_quantize` idea), a finer group size, or both; and 8-bit weights per channel as the plain
+fallback. Each option's weight bytes are computed from the model's own parameter counts (scales
+as bf16, one per group or output channel); flows/diagnose.py measures each option's KL by
+emulation, cheapest first, and the first whose interval lies under the target is the repair
+built and served as a stage. Nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field
+
+from gates.policy import GatePolicy
+
+SCALE_BITS = 16  # one bf16 scale per group (or per output channel)
+KEPT_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24)  # costliest layers kept, as options
+MIN_GROUP = 16  # the finest group size offered
+FALLBACK = "int8/channel"  # also the higher precision a kept group may get
+KEPT_AS = ("bf16", FALLBACK)
+
+
+class RepairOption(BaseModel):
+    """One configuration: `weights` on every decoder linear but the kept ones (the costliest
+    layers, or module kinds across all layers), which get `kept_as`; its weight bytes, and once
+    measured its emulated KL."""
+
+    weights: str = Field(description="The format on the quantized layers, as the axes name it.")
+    kept_layers: list[int] = Field(default_factory=list, description="Decoder layers kept.")
+    kept_kinds: list[str] = Field(default_factory=list, description="Module kinds kept.")
+    kept_as: str = Field("bf16", description="'bf16' (the parent's precision) or 'int8/channel'.")
+    bytes: int = Field(description="Weight bytes of the whole model in this configuration.")
+    mean_kl: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    target: float | None = Field(None, description="The KL it must stay under (its precision's).")
+
+    @property
+    def name(self) -> str:
+        kept = (f"layers {', '.join(map(str, self.kept_layers))}" if self.kept_layers
+                else ", ".join(self.kept_kinds))
+        return f"{self.weights}, {kept} as {self.kept_as}" if kept else self.weights
+
+    def keeps(self, layer: int, kind: str) -> bool:
+        return layer in self.kept_layers or kind in self.kept_kinds
+
+
+class LayerParams(BaseModel):
+    """Per decoder layer, its linears' input and output widths (in `kinds` order), and every
+    other parameter (embeddings, norms, an untied head), kept at 16 bits."""
+
+    kinds: list[str]
+    in_features: list[list[int]]
+    out_features: list[list[int]]
+    other: int
+
+
+def _bits(fmt: str) -> tuple[int, int | None]:
+    """(bits, group size or None for per channel) of an 'intN/groupG' or 'intN/channel' format."""
+    head, _, strategy = fmt.partition("/")
+    bits = int(head.removeprefix("int").removeprefix("float"))
+    return bits, int(strategy.removeprefix("group")) if strategy.startswith("group") else None
+
+
+def _linear_bits(fmt: str, width: int, rows: int) -> int:
+    if fmt == "bf16":
+        return 16 * width * rows
+    bits, group = _bits(fmt)
+    return bits * width * rows + SCALE_BITS * rows * (math.ceil(width / group) if group else 1)
+
+
+def weight_bytes(params: LayerParams, option: RepairOption) -> int:
+    """The model's weight bytes in the option's configuration."""
+    total = 16 * params.other
+    for layer, (ins, outs) in enumerate(zip(params.in_features, params.out_features, strict=True)):
+        for kind, width, rows in zip(params.kinds, ins, outs, strict=True):
+            fmt = option.kept_as if option.keeps(layer, kind) else option.weights
+            total += _linear_bits(fmt, width, rows)
+    return total // 8
+
+
+def options(params: LayerParams, failed: str, layer_ranking: list[int],
+            kind_ranking: list[str]) -> list[RepairOption]:
+    """Every option, cheapest first: the failed format and each finer group size, with the
+    costliest layers (`layer_ranking`: 1, 2, 3, 4, 6, ...) or module kinds (1, 2, ...) kept in
+    bf16 or 8-bit; and 8-bit per channel everywhere. The failed configuration itself is left
+    out: it was measured."""
+    bits, group = _bits(failed)
+    formats = [failed]
+    if group is not None:
+        finer = group // 2
+        while finer >= MIN_GROUP:
+            formats.append(f"int{bits}/group{finer}")
+            finer //= 2
+    layers = len(params.in_features)
+    kept = ([{"kept_layers": sorted(layer_ranking[:k])} for k in KEPT_LAYERS if k < layers]
+            + [{"kept_kinds": kind_ranking[:k]} for k in range(1, len(kind_ranking))])
+    found = [RepairOption(weights=fmt, bytes=0) for fmt in formats[1:]]
+    found += [RepairOption(weights=fmt, kept_as=kept_as, bytes=0, **which)
+              for fmt in formats for kept_as in KEPT_AS for which in kept
+              if kept_as == "bf16" or _bits(kept_as)[0] > bits]
+    if bits < _bits(FALLBACK)[0]:
+        found.append(RepairOption(weights=FALLBACK, bytes=0))
+    for option in found:
+        option.bytes = weight_bytes(params, option)
+    return sorted(found, key=lambda option: option.bytes)
+
+
+def families(found: list[RepairOption]) -> list[list[RepairOption]]:
+    """The options in families along which the loss should fall as bytes rise (each cheapest
+    first): one format with more layers kept, or more module kinds, in one precision; and the
+    formats alone (finer groups, then 8-bit). The search bisects within a family."""
+    by_family: dict[tuple, list[RepairOption]] = {}
+    for option in found:
+        which = "layers" if option.kept_layers else "kinds" if option.kept_kinds else "none"
+        key = ("none",) if which == "none" else (option.weights, option.kept_as, which)
+        by_family.setdefault(key, []).append(option)
+    return [sorted(family, key=lambda o: o.bytes) for family in by_family.values()]
+
+
+def target_kl(policy: GatePolicy, precision: str) -> tuple[float, str]:
+    """The emulated full-vocabulary KL a repair must stay under, and why: the divergence limit,
+    or the perplexity limit read as KL (a mean log-likelihood loss of ln(1 + increase) nats per
+    token is that increase in perplexity), whichever is smaller. The emulated KL is the full
+    vocabulary's, an upper bound of the top-k KL the divergence rule reads."""
+    kl = policy.tolerance(precision).max_kl
+    ppl = math.log1p(policy.perplexity.max_increase_vs_parent)
+    if ppl < kl:
+        return ppl, (f"ln(1 + {policy.perplexity.max_increase_vs_parent:.0%}) = {ppl:.4f}: "
+                     "the perplexity limit vs the parent, read as KL")
+    return kl, f"the divergence.kl limit {kl} ({precision})"
+
+
+def passes(option: RepairOption) -> bool:
+    """Measured, and its whole KL interval under its target."""
+    return option.ci_high is not None and option.target is not None and option.ci_high <= option.target
+

@@ -1,0 +1,86 @@
+"""The repair options a diagnosis weighs (gates.repair) and a repair stage's own verdict."""
+
+from __future__ import annotations
+
+import math
+
+from gates.decide import decide, repair_verdicts
+from gates.diagnosis import Diagnosis
+from gates.policy import GatePolicy
+from gates.repair import LayerParams, RepairOption, options, passes, target_kl, weight_bytes
+from tests.gates.records import record
+
+KINDS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# SmolLM2-135M's shapes: 30 layers, hidden 576, 3 KV heads of 64, MLP 1536, 49,152 x 576 tied.
+IN = [576, 576, 576, 576, 576, 576, 1536]
+OUT = [576, 192, 192, 576, 1536, 1536, 576]
+PARAMS = LayerParams(kinds=KINDS, in_features=[IN] * 30, out_features=[OUT] * 30,
+                     other=49152 * 576 + 61 * 576)
+BASE = [1.0, 0.0] * 30
+
+
+def test_bytes_count_each_format_with_its_scales():
+    linear = sum(i * o for i, o in zip(IN, OUT, strict=True))
+    bf16 = weight_bytes(PARAMS, RepairOption(weights="bf16", bytes=0))
+    assert bf16 == 2 * (30 * linear + PARAMS.other)
+    int4 = weight_bytes(PARAMS, RepairOption(weights="int4/group64", bytes=0))
+    scales = 30 * sum(o * math.ceil(i / 64) for i, o in zip(IN, OUT, strict=True))
+    assert int4 == (4 * 30 * linear + 16 * scales + 16 * PARAMS.other) // 8
+    one_kept = weight_bytes(PARAMS, RepairOption(weights="int4/group64", kept_layers=[3], bytes=0))
+    assert one_kept - int4 == (16 * linear - (4 * linear + 16 * scales // 30)) // 8
+
+
+def test_options_come_cheapest_first_and_leave_out_the_failed_configuration():
+    found = options(PARAMS, "int4/group64", layer_ranking=[29, 11, 12], kind_ranking=KINDS[::-1])
+    sizes = [o.bytes for o in found]
+    assert sizes == sorted(sizes)
+    assert not any(o.weights == "int4/group64" and not o.kept_layers and not o.kept_kinds
+                   for o in found)
+    assert {o.weights for o in found} == {"int4/group64", "int4/group32", "int4/group16",
+                                          "int8/channel"}
+    # The costliest layers are kept first; module kinds likewise, from the ranking given.
+    assert any(o.kept_layers == [29] and o.kept_as == "bf16" for o in found)
+    assert any(o.kept_layers == [11, 29] and o.kept_as == "int8/channel" for o in found)
+    assert any(o.kept_kinds == ["down_proj", "up_proj"] for o in found)
+    # Keeping a layer in int8 costs less than keeping it in bf16.
+    as_int8, as_bf16 = (next(o for o in found if o.kept_layers == [29] and o.kept_as == kept_as
+                             and o.weights == "int4/group64") for kept_as in ("int8/channel", "bf16"))
+    assert as_int8.bytes < as_bf16.bytes and found[-1].weights in ("int8/channel", "int4/group16")
+
+
+def test_the_target_is_the_tighter_of_the_kl_and_perplexity_limits():
+    policy = GatePolicy()
+    target, why = target_kl(policy, "4bit")
+    assert target == min(policy.tolerance("4bit").max_kl,
+                         math.log1p(policy.perplexity.max_increase_vs_parent))
+    assert why
+    option = RepairOption(weights="int4/group32", bytes=1, mean_kl=0.01, ci_low=0.005,
+                          ci_high=target * 1.01, target=target)
+    assert not passes(option)
+    assert passes(option.model_copy(update={"ci_high": target * 0.99}))
+    assert not passes(RepairOption(weights="int4/group32", bytes=1))  # not measured
+
+
+def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
+    baseline = record("baseline", None, BASE)
+    failed = record("w4", "baseline", BASE, perplexity=14.0)
+    good_repair = record("w4-repair", "baseline", BASE, kind="repair")
+    policy = GatePolicy()
+    verdict = decide("c", [baseline, failed, good_repair], policy)
+    # The candidate is w4, never the repair: its rollback stands, and the repair is no target.
+    assert verdict.decision == "rollback" and verdict.accepted_stage == "baseline"
+    assert all(r.startswith("w4: ") for r in verdict.reasons)
+    diagnosis = Diagnosis(stage="w4", parent="baseline", failed_rules=["perplexity.parent"],
+                          checkpoint="", reference="", emulated={"weights": "int4/group64"},
+                          weight_bytes=100, repair_stage="w4-repair",
+                          repair=RepairOption(weights="int4/group32", kept_layers=[29], bytes=120))
+    (judged,) = repair_verdicts("c", [baseline, failed, good_repair], policy, {"w4": diagnosis})
+    assert judged.decision == "go" and judged.repairs == "w4", judged.reasons
+    assert judged.configuration == "int4/group32, layers 29 as bf16"
+    assert (judged.weight_bytes, judged.failed_weight_bytes) == (120, 100)
+    bad_repair = record("w4-repair", "baseline", BASE, kind="repair", perplexity=14.0)
+    (judged,) = repair_verdicts("c", [baseline, failed, bad_repair], policy, {"w4": diagnosis})
+    assert judged.decision == "rollback" and judged.reasons[0].startswith("w4-repair: ")
+    # A failing repair does not block a candidate that passes (a re-gate by a looser policy).
+    passing = record("w4", "baseline", BASE)
+    assert decide("c", [baseline, passing, bad_repair], policy).decision == "go"
