@@ -299,12 +299,12 @@ def repair_line(judged: RepairVerdict) -> str:
     """A repair stage's verdict beside the failed stage's, with what shipping it would cost."""
     cost = ""
     if judged.weight_bytes and judged.failed_weight_bytes:
-        cost = (f"; {judged.weight_bytes / 2**20:.1f} MiB of weights, "
-                f"{judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
-                "candidate's (decode is bound by the weight bytes it reads)")
+        cost = (f", {judged.weight_bytes / 2**20:.1f} MiB of weights "
+                f"({judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
+                "candidate: decode reads every weight byte per token)")
     why = (": " + "; ".join(judged.reasons[:4]) + (" ..." if len(judged.reasons) > 4 else "")
            if judged.reasons else "")
-    return (f"Repair tested as stage {judged.stage} ({judged.configuration}{cost}): "
+    return (f"Repair tested as stage {judged.stage}: {judged.configuration}{cost}: "
             f"{judged.decision.upper()}{why}.")
 
 
@@ -369,6 +369,7 @@ def write_report(
                        prompts or _prompts)
     context["placement"] = list(placement)
     context["diagnoses"] = [diagnosis_rows(d, verdict.repairs) for d in (diagnoses or {}).values()]
+    context["repairs"] = [{"repairs": r.repairs, "line": repair_line(r)} for r in verdict.repairs]
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})

@@ -83,3 +83,30 @@ def test_a_damaged_diagnosis_is_refused_with_its_path(tmp_path):
     (tmp_path / "a8" / "diagnosis.json").write_text('{"stage": 3}')
     with pytest.raises(StoredRecordError, match="diagnosis.json"):
         read_diagnoses(tmp_path, ["a8"])
+
+
+def test_report_shows_the_repair_tried_its_verdict_and_what_it_costs(tmp_path):
+    from gates.repair import RepairOption
+    from gates.verdict import RepairVerdict
+
+    records = chain()
+    found = diagnosis()
+    found.repair_target, found.repair_target_why = 0.0488, "the perplexity limit, read as KL"
+    found.weight_bytes = 100 * 2**20
+    found.repairs = [RepairOption(weights="int4/group32", kept_layers=[0], bytes=120 * 2**20,
+                                  mean_kl=0.09, ci_low=0.08, ci_high=0.10, target=0.0488),
+                     RepairOption(weights="int8/channel", bytes=150 * 2**20, mean_kl=0.004,
+                                  ci_low=0.003, ci_high=0.005, target=0.0488)]
+    found.repair, found.repair_stage = found.repairs[1], "a8-repair"
+    verdict = decide("demo", records, GatePolicy())
+    verdict.repairs = [RepairVerdict(stage="a8-repair", repairs="a8", configuration="int8/channel",
+                                     decision="go", weight_bytes=150 * 2**20,
+                                     failed_weight_bytes=100 * 2**20)]
+    paths = write_report(verdict, records, tmp_path / "report", diagnoses={"a8": found})
+    html, md = paths["html"].read_text(), paths["md"].read_text()
+    line = ("Repair tested as stage a8-repair: int8/channel, 150.0 MiB of weights (+50.0% against "
+            "the failed candidate: decode reads every weight byte per token): GO.")
+    assert line in md and line in html
+    assert '<td class="repair">' in html and "| Repair of a8 |" in md  # in the sign-off block
+    assert "Repair chosen: int8/channel (150.0 MiB of weights against 100.0 MiB)" in md
+    assert "int4/group32, layers 0 as bf16: KL 0.0900 [0.0800, 0.1000], +20.0% bytes" in md
