@@ -32,7 +32,8 @@ CANDIDATE_NAMES = (*COMPRESSED_NAMES, *DEQUANTIZED_NAMES)  # make_candidates.py 
 EMULATED_KEY = "quantgate_emulated"  # config.json key of a dequantized twin, as make_candidates.py writes it
 COMPLETE_MARKER = ".quantgate-complete"
 LLMCOMPRESSOR_PYTHON_ENV = "QG_LLMCOMPRESSOR_PYTHON"
-DEFAULT_LLMCOMPRESSOR_PYTHON = Path(".venv-llmcompressor/bin/python")  # the Makefile's venv
+# The Makefile's venv, at the repo root (a run's cwd may be anywhere).
+DEFAULT_LLMCOMPRESSOR_PYTHON = Path(__file__).resolve().parents[1] / ".venv-llmcompressor" / "bin" / "python"
 MAKE_CANDIDATES_SCRIPT = Path(__file__).with_name("make_candidates.py")
 
 

@@ -152,9 +152,15 @@ def repair_scheme(weights: str) -> dict:
     return {"weights": int_weights(int(head.removeprefix("int")), group)}
 
 
-def kept_patterns(layers: list[int], kinds: list[str]) -> list[str]:
-    """Patterns naming these decoder layers' linears and these module kinds in every layer."""
-    return [rf"re:.*layers\.{index}\..*" for index in layers] + [rf"re:.*\.{kind}$" for kind in kinds]
+def kept_modules(names: list[str], layers: list[int], kinds: list[str]) -> list[str]:
+    """The linears of ``names`` in these decoder layers or of these module kinds, by exact name:
+    compressed-tensors' model-free decompression (``verify_twin``'s reference) decodes a second
+    config group's regex targets as the first group's format; exact names it decodes right."""
+    return [
+        name
+        for name in names
+        if name.rpartition(".")[2] in kinds or any(f".layers.{index}." in f".{name}." for index in layers)
+    ]
 
 
 def make_candidate(
@@ -164,15 +170,17 @@ def make_candidate(
     *,
     fmt: Any = None,
     calibration: list[Path] | None = None,
-    keep: list[str] = (),
+    keep_layers: list[int] = (),
+    keep_kinds: list[str] = (),
     keep_scheme: dict | None = None,
 ) -> float:
     """Quantize ``baseline`` into ``target`` atomically with ``scheme`` or format ``fmt``; returns seconds.
 
     Layers whose input width the format's group size does not divide stay bf16 (llmcompressor refuses
     to group them); the checkpoint's ``ignore`` list names them. A mixed-precision repair keeps the
-    modules the ``keep`` patterns name: ignored (bf16), or given ``keep_scheme`` in a second config
-    group (compressed-tensors prefers a regex target to the class target ``Linear``).
+    linears of the decoder layers ``keep_layers`` and of the module kinds ``keep_kinds``: ignored
+    (bf16), or given ``keep_scheme`` in a second config group (compressed-tensors prefers a target
+    by name to the class target ``Linear``).
     """
     import torch
     from llmcompressor import oneshot
@@ -193,6 +201,7 @@ def make_candidate(
         skipped = formats.layers_left_unquantized(widths, fmt.group_size if fmt else None)
         if widths and len(skipped) == len(widths):
             raise ValueError(f"group size {fmt.group_size} divides no layer's input width: nothing to do")
+        keep = kept_modules(list(widths), list(keep_layers), list(keep_kinds))
         groups = {"group_0": qscheme}
         if keep and keep_scheme is not None:
             from compressed_tensors.quantization import QuantizationScheme
@@ -235,7 +244,14 @@ def decompressed_weights(source: Path) -> tuple[dict, set[str]]:
     # Model-free, the dequantizer cannot tell an Embedding's or a norm's ``weight`` from a Linear's
     # (FP8 keeps the name ``weight``): name every module without a scale as ignored.
     unquantized = sorted(modules - quantized_modules)
-    decoded = CompressedTensorsDequantizer(source, ignore=unquantized, dtype=torch.float32).validate(tensors)
+    dequantizer = CompressedTensorsDequantizer(source, ignore=unquantized, dtype=torch.float32)
+    # It decodes the groups in order, a class target ("Linear") taking every module still
+    # compressed: groups that name their modules go first (a mixed-precision repair's kept ones).
+    groups = dequantizer.quant_config.config_groups
+    dequantizer.quant_config.config_groups = dict(
+        sorted(groups.items(), key=lambda item: any(t == "Linear" for t in item[1].targets))
+    )
+    decoded = dequantizer.validate(tensors)
     return decoded, {f"{name}.weight" for name in quantized_modules}
 
 
@@ -376,12 +392,18 @@ def main(argv: list[str] | None = None) -> int:
         name = args.repair["name"]
         compressed, twin = args.output_dir / name, args.output_dir / f"{name}-dequant"
         repair = args.repair
-        keep = kept_patterns(repair.get("kept_layers", []), repair.get("kept_kinds", []))
         kept_as = repair.get("kept_as", "bf16")
         keep_scheme = None if kept_as == "bf16" else repair_scheme(kept_as)
         scheme = repair_scheme(repair["weights"])
         if not (compressed / COMPLETE_MARKER).is_file():
-            seconds = make_candidate(args.baseline, compressed, scheme, keep=keep, keep_scheme=keep_scheme)
+            seconds = make_candidate(
+                args.baseline,
+                compressed,
+                scheme,
+                keep_layers=repair.get("kept_layers", []),
+                keep_kinds=repair.get("kept_kinds", []),
+                keep_scheme=keep_scheme,
+            )
             print(f"{name}: written to {compressed} in {seconds:.1f} s", flush=True)
         if not (twin / COMPLETE_MARKER).is_file():
             seconds = make_dequantized(args.baseline, compressed, twin)

@@ -69,9 +69,11 @@ def write_spec(folder: Path, stages: list[dict], port: int, **engine) -> Path:
     return path
 
 
-def run_env(cwd: Path, prefect_api: str | None = None) -> dict[str, str]:
-    """A run's own MLflow store and folders under cwd; a shared Prefect server where given."""
-    env = os.environ | {
+def run_env(cwd: Path, prefect_api: str | None = None,
+            settings: dict[str, str] | None = None) -> dict[str, str]:
+    """A run's own MLflow store and folders under cwd; a shared Prefect server where given;
+    `settings`: more QG_ variables (flows/settings.py)."""
+    env = os.environ | (settings or {}) | {
         "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}",
         "QG_RESULTS_DIR": str(cwd / "runs"),
         "QG_REPORTS_DIR": str(cwd / "reports"),
@@ -80,8 +82,9 @@ def run_env(cwd: Path, prefect_api: str | None = None) -> dict[str, str]:
     return env | ({"PREFECT_API_URL": prefect_api} if prefect_api else {})
 
 
-def quantgate(*args: str, cwd: Path, prefect_api: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*QUANTGATE, *args], cwd=cwd, env=run_env(cwd, prefect_api),
+def quantgate(*args: str, cwd: Path, prefect_api: str | None = None,
+              settings: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*QUANTGATE, *args], cwd=cwd, env=run_env(cwd, prefect_api, settings),
                           capture_output=True, text=True, timeout=3000)
 
 
@@ -100,9 +103,11 @@ def stored_records(results: Path) -> dict[str, dict]:
             for p in results.glob("*/stage.json")}
 
 
-def run_spec(tmp_path_factory, name: str, stages: list[dict], **engine):
+def run_spec(tmp_path_factory, name: str, stages: list[dict],
+             settings: dict[str, str] | None = None, **engine):
     folder = tmp_path_factory.mktemp(name)
-    result = quantgate("run", str(write_spec(folder, stages, free_port(), **engine)), cwd=folder)
+    result = quantgate("run", str(write_spec(folder, stages, free_port(), **engine)), cwd=folder,
+                       settings=settings)
     print(result.stdout[-4000:], result.stderr[-4000:])
     results = next((folder / "runs").glob("e2e-*"))
     verdict = json.loads((results / "verdict.json").read_text())
@@ -121,6 +126,8 @@ def tree(tmp_path_factory):
 
     baseline -> w8 (INT8 weights, dequantized: near-lossless)
              -> w4 (INT4 g64 round-to-nearest, dequantized: a bad candidate, the last stage)
+             -> w4-repair (after the rollback: the configuration w4's diagnosis chose, built
+                           with LLM Compressor and served in the same run)
 
     A control stage (the baseline served again: it must go) runs in the user-set run
     (tests/evalsets/test_userset_e2e.py), on the same ci load and the default policy. W8A8 on
@@ -128,7 +135,10 @@ def tree(tmp_path_factory):
     (tests/flows/test_service_e2e.py), from this tree's baseline: under the default policy it
     answers about 9 % longer, at the length limit, and the looks grew it to every item (400 s).
     """
-    return run_spec(tmp_path_factory, "tree", extra_args=["--api-key", PLANTED_KEY], stages=[
+    # The diagnosis forwards 256 corpus tokens per group (the default 1,024 took ~4 min here).
+    repair = {"QG_REPAIR_ON_ROLLBACK": "true", "QG_DIAGNOSE_MAX_TOKENS": "256"}
+    return run_spec(tmp_path_factory, "tree", settings=repair,
+                    extra_args=["--api-key", PLANTED_KEY], stages=[
         {"name": "w8", "kind": "weights", "parent": "baseline",
          "checkpoint": str(MODELS / "smollm2-135m-w8a16-dequant")},
         {"name": "w4", "kind": "weights", "parent": "baseline",
@@ -177,6 +187,34 @@ def test_int4_rtn_candidate_rolls_back_on_quality(tree):
     command = verdict["rollback_command"]
     assert f"--model {MODELS / 'smollm2-135m-bf16'}" in command
     assert "VLLM_TARGET_DEVICE=cpu" in command
+
+
+def test_the_rollback_is_diagnosed_and_its_repair_built_served_and_judged(tree):
+    folder, result, verdict, records = tree
+    # The candidate's decision stands: w4 rolled back, and the repair is no rollback target.
+    assert verdict["decision"] == "rollback" and verdict["accepted_stage"] == "baseline"
+    assert not any(reason.startswith("w4-repair: ") for reason in verdict["reasons"])
+    (repair,) = verdict["repairs"]
+    assert (repair["repairs"], repair["stage"]) == ("w4", "w4-repair")
+    run = next((folder / "runs").glob("e2e-*"))
+    diagnosis = json.loads((run / "w4" / "diagnosis.json").read_text())
+    chosen = diagnosis["repair"]
+    assert diagnosis["repair_stage"] == "w4-repair" and chosen["ci_high"] <= chosen["target"]
+    assert chosen["bytes"] > diagnosis["weight_bytes"] == repair["failed_weight_bytes"]
+    served = records["w4-repair"]
+    assert (served["kind"], served["parent"], served["error"]) == ("repair", "baseline", None)
+    assert served["emulated"]  # built as w4 was: a dequantized twin, checked bit for bit
+    # What the emulation predicted, the engine confirms: divergence and perplexity pass where
+    # w4's failed, its KL a fraction of w4's.
+    checks = stage_checks(verdict, "w4-repair")
+    assert checks["divergence.kl"]["passed"] and checks["perplexity.parent"]["passed"], checks
+    kl = {name: records[name]["quality"]["divergence"]["mean_kl"] for name in ("w4", "w4-repair")}
+    assert kl["w4-repair"] < kl["w4"] / 3, kl
+    # Judged as its own chain's final stage: what would ship was never served on this CPU.
+    assert repair["decision"] == "rollback" and any("servable" in r for r in repair["reasons"])
+    assert "repair of w4: stage w4-repair" in result.stdout
+    report = next((folder / "reports").glob("e2e-*")) / "report.md"
+    assert "Repair tested as stage w4-repair" in report.read_text()
 
 
 def test_engine_facts_and_measurements_are_real(tree):
@@ -254,7 +292,7 @@ def test_mlflow_has_a_parent_run_and_a_nested_run_per_stage(tree):
     assert parent.iloc[0]["tags.verdict"] == verdict["decision"]
     assert parent.iloc[0]["status"] == "FINISHED"
     nested = runs[runs["tags.mlflow.parentRunId"] == parent.iloc[0]["run_id"]]
-    assert sorted(nested["tags.stage"]) == ["baseline", "w4", "w8"]
+    assert sorted(nested["tags.stage"]) == ["baseline", "w4", "w4-repair", "w8"]
     # Each stage run is open while the stage is measured: its duration is the stage's own.
     measured = nested[nested["tags.cached"] == "false"]
     seconds = (measured["end_time"] - measured["start_time"]).dt.total_seconds()

@@ -113,3 +113,37 @@ sys.exit("a planted bit passed the check")
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert f"{down}.weight: 1 of 884736 values differ" in result.stdout
     assert "1 of 210 quantized layers differ" in result.stdout
+
+
+def test_a_mixed_precision_repair_is_made_and_its_twin_checked_bit_for_bit(tmp_path: Path) -> None:
+    """A repair: INT4 g32 on every linear but the k_proj and down_proj kinds, kept in INT8 per
+    channel (a second config group by exact names). Its twin is decoded by transformers and checked
+    bit for bit against compressed-tensors' model-free decompression, which decodes the named
+    group first (make_candidates.decompressed_weights): a wrong order decodes the INT8 modules as
+    INT4 and the check fails."""
+    from infra.demo_models import convert_demo_baseline, make_repair
+
+    baseline = convert_demo_baseline(SESSION_MODELS)
+    option = {"weights": "int4/group32", "kept_layers": [], "kept_kinds": ["k_proj", "down_proj"],
+              "kept_as": "int8/channel"}
+    twin = make_repair(baseline, tmp_path, "mixed", option, _lc_python())
+    assert twin == tmp_path / "mixed-dequant" and is_complete(twin)
+    config = json.loads((tmp_path / "mixed" / "config.json").read_text())["quantization_config"]
+    bits = {tuple(group["targets"])[0]: group["weights"]["num_bits"]
+            for group in config["config_groups"].values()}
+    assert bits["Linear"] == 4 and sorted(bits.values()) == [4, 8] and len(bits) == 2
+    kept = next(group["targets"] for group in config["config_groups"].values()
+                if group["weights"]["num_bits"] == 8)
+    assert len(kept) == 60 and all(name.endswith(("k_proj", "down_proj")) for name in kept)
+    emulated = json.loads((twin / "config.json").read_text())[EMULATED_KEY]
+    assert emulated["verified"]["quantized_layers"] == 210
+
+    def error(name: str) -> float:
+        with safe_open(baseline / "model.safetensors", "pt") as b, \
+                safe_open(twin / "model.safetensors", "pt") as t:
+            w, d = b.get_tensor(name).float(), t.get_tensor(name).float()
+        return float((d - w).norm() / w.norm())
+
+    # INT8 per channel rounds ~1 % of a weight's norm, INT4 g32 ~10 %.
+    assert error("model.layers.3.self_attn.k_proj.weight") < 0.02
+    assert error("model.layers.3.self_attn.q_proj.weight") > 0.05
