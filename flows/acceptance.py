@@ -98,9 +98,16 @@ def on_rollback(prepared: Prepared, results_dir: Path, settings: Settings, no_ca
     the verdict again, the candidate's decision unchanged, each repair's beside it."""
     with host_slot(), engine_key(prepared.api_key):
         with timed(clock, "diagnosis"):
-            diagnose_failed(results_dir, verdict, records, prepared.policy,
-                            max_tokens=settings.diagnose_max_tokens,
-                            threads=len(os.sched_getaffinity(0)))
+            threads = len(os.sched_getaffinity(0))
+            _say(f"diagnosis: where each failed stage loses ({threads} threads, "
+                 f"{settings.diagnose_max_tokens} corpus tokens per group)")
+            for found in diagnose_failed(results_dir, verdict, records, prepared.policy,
+                                         max_tokens=settings.diagnose_max_tokens,
+                                         threads=threads):
+                chosen = (found.repair.name if found.repair else
+                          "none under the target" if found.repairs else "not searched")
+                _say(f"diagnosis of {found.stage}: {found.forwards} groups in "
+                     f"{found.seconds:.0f} s; repair: {chosen}")
         if not settings.repair_on_rollback:
             return records, verdict
         with timed(clock, "repair"):

