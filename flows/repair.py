@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from pathlib import Path
 
 from flows.cache import StageCache, digest, stage_keys
@@ -23,6 +24,7 @@ from flows.run_context import RunContext
 from flows.settings import Settings
 from flows.spec import StageSpec
 from flows.stage import measure_one
+from flows.summary import stage_summary
 from flows.tracking import Tracker
 from gates.diagnosis import Diagnosis, read_diagnoses
 from gates.record import RunManifest, StageRecord
@@ -37,7 +39,7 @@ FOLDER = "repairs"  # under the results root: built once, reused by later runs
 
 
 def repair_name(baseline: Path, diagnosis: Diagnosis) -> str:
-    """The built checkpoint's folder name: the baseline's, the format, the layers kept."""
+    """The built checkpoint's folder name: the baseline's, the format, what is kept and as what."""
     option = diagnosis.repair
     kept = "-".join([*map(str, option.kept_layers), *option.kept_kinds])
     kept_as = option.kept_as.replace("/", "-")
@@ -103,11 +105,14 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
         parts = stage_keys(repaired.stages, spec, prepared.profile.model_dump(mode="json"),
                            prepared.policy.model_dump(mode="json"), settings.num_concurrent)
         keys = {name: digest(p) for name, p in parts.items()}
+        started = time.monotonic()
         with KeptEngines() as kept:
             run = RunContext(repaired, results_dir, settings, no_cache, manifest, tracker,
                              StageCache(settings.stage_cache_dir), parts, keys, kept, {},
                              records=dict(by_name))
             by_name[stage_name] = measure_one(served, run)
+        progress.line(stage_summary(by_name[stage_name], list(by_name.values()), prepared.policy,
+                                    time.monotonic() - started, final=False))
         prepared = repaired  # a second repair is planned after the first
         diagnosis.repair_stage = stage_name
         diagnosis.save(results_dir / failed)
