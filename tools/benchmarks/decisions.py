@@ -4,11 +4,12 @@
 
 Each trial draws a baseline and a stage (or a chain) with `gates.simulate`: the demo's four sets
 (math 60, business 40, code 20, long context 40 items at the first look, with their pools, the
-long-context set in four length buckets), clusters, ceilings, answer lengths cut at a budget,
-heavy-tailed per-token KL, interleaved latency rounds. The stage then goes through the adaptive
-sample size exactly as the flow does (`gates.accuracy.next_look`, by prefix or by group, up to the
-policy's looks) and through `decide()`. Each row prints P(go) with its 95 % Wilson interval; a row
-whose target is a rate near 5 % or 95 % runs `--near-target-trials` trials.
+long-context set in four length buckets, business in its three task groups), clusters, ceilings,
+answer lengths cut at a budget, heavy-tailed per-token KL, interleaved latency rounds. The stage
+then goes through the adaptive sample size exactly as the flow does (`gates.accuracy.next_look`, by
+prefix or by group, up to the policy's looks) and through `decide()`. Each row prints P(go) with
+its 95 % Wilson interval; a row whose target is a rate near 5 % or 95 % runs `--near-target-trials`
+trials.
 """
 
 from __future__ import annotations

@@ -45,6 +45,28 @@ def test_a_group_the_baseline_gets_all_right_is_unchanged_in_an_equivalent_stage
     assert gains[in_a].all()  # a perfect group cannot gain; it is not made to lose instead
 
 
+def test_a_set_wide_drop_is_spread_over_the_groups_that_can_take_it():
+    """Business's classify group is at the floor (2 %): drawn group by group, "business loses 8
+    points" lost about 6; spread, the set loses its 8 and classify no more than it has."""
+    rng = np.random.default_rng(4)
+    shape = next(s for s in DEMO_SETS if s.name == "business")
+    big = SetShape(shape.name, 1, 60_000, shape.accuracy)
+    base = simulate.baseline_answers(rng, big)
+    groups = np.array([big.group_of(i) for i in range(big.pool)])
+    for drop in (0.08, 0.16, -0.05):
+        stage = simulate.stage_answers(rng, big, base, {"business": drop}, {}, 0.15)
+        assert abs(base.mean() - stage.mean() - drop) < 0.006, drop
+        classify = groups == "classify"
+        assert base[classify].mean() - stage[classify].mean() <= base[classify].mean() + 1e-9
+    # A group named on its own keeps its own drop; the set's step is spread over the rest.
+    stage = simulate.stage_answers(rng, big, base, {"business.json": 0.1}, {}, 0.15)
+    json = groups == "json"
+    assert abs(base[json].mean() - stage[json].mean() - 0.1) < 0.02
+    assert abs(base[~json].mean() - stage[~json].mean()) < 0.01
+    assert np.allclose(simulate.spread(0.3, np.array([0.5, 0.5]), np.array([0.1, 0.9])),
+                       [0.1, 0.5])
+
+
 def test_one_bucket_drop_lands_in_that_bucket_only():
     rng = np.random.default_rng(1)
     shape = DEMO_SETS[3]
