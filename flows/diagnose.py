@@ -250,7 +250,7 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
             else:
                 low = middle + 1
         best = cheaper[high]
-    diagnosis.repair = best
+    diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
 
 
 def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.KvFormat,

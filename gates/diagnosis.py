@@ -74,6 +74,7 @@ class Diagnosis(BaseModel):
         "built and served as the repair stage.")
     weight_bytes: int | None = Field(None, description="The failed configuration's weight bytes.")
     repair_stage: str | None = Field(None, description="The stage that served the repair.")
+    repair_why: str = Field("", description="Why that option (gates.repair.chosen).")
     seconds: float = 0.0
     threads: int = 1
     forwards: int = 0
@@ -218,9 +219,8 @@ def repair_lines(diagnosis: Diagnosis) -> list[str]:
              f"({diagnosis.repair_target_why}): " + "; ".join(tried) + "."]
     if diagnosis.repair is not None:
         lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes / 2**20:.1f}"
-                     f" MiB of weights against {failed / 2**20:.1f} MiB): the cheapest "
-                     "configuration whose KL interval lies under the target.")
+                     f" MiB of weights against {failed / 2**20:.1f} MiB): "
+                     f"{diagnosis.repair_why or 'the cheapest option under its target'}.")
     else:
-        lines.append("No option measured lies under the target within the search's budget: no "
-                     "repair is built.")
+        lines.append("No option measured lies under its target: no repair is built.")
     return lines

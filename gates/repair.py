@@ -28,6 +28,9 @@ KEPT_AS = ("bf16", FALLBACK)
 # move with it (the demo's W4A16 repair chosen at the whole limit, emulated KL 0.036 [0.029,
 # 0.042], served perplexity +4.5 % [+3.8, +5.3] against +5 %: inconclusive, a rollback).
 TARGET_SHARE = 0.5
+# A plain format (one scheme on every linear) within this share of the cheapest passing option's
+# bytes is chosen instead: one kernel, no per-module plan to keep right, and its loss measured.
+PLAIN_WITHIN = 0.05
 
 
 class RepairOption(BaseModel):
@@ -142,6 +145,20 @@ def target_kl(policy: GatePolicy, precision: str) -> tuple[float, str]:
             "perplexity limit vs the parent read as KL: the served stage's interval must clear it")
     return TARGET_SHARE * kl, (f"{share}the divergence.kl limit {kl} ({precision}): the served "
                                "stage's interval must clear it")
+
+
+def chosen(measured: list[RepairOption]) -> tuple[RepairOption | None, str]:
+    """The repair to build among the options measured, and why: the cheapest that passes, or a
+    plain one (nothing kept) that passes within PLAIN_WITHIN of its bytes."""
+    passing = sorted((o for o in measured if passes(o)), key=lambda o: o.bytes)
+    if not passing:
+        return None, "no option measured lies under its target"
+    cheapest = passing[0]
+    plain = next((o for o in passing if not o.kept_layers and not o.kept_kinds), None)
+    if plain is not None and plain is not cheapest and plain.bytes <= cheapest.bytes * (1 + PLAIN_WITHIN):
+        return plain, (f"a plain format within {PLAIN_WITHIN:.0%} of the cheapest passing option's "
+                       f"bytes ({cheapest.name}, {plain.bytes / cheapest.bytes - 1:+.1%})")
+    return cheapest, "the cheapest configuration whose KL interval lies under its target"
 
 
 def passes(option: RepairOption) -> bool:

@@ -67,7 +67,10 @@ def test_the_repair_search_chooses_the_cheapest_option_it_measured_under_the_tar
     assert found.repairs and [o.bytes for o in found.repairs] == sorted(o.bytes for o in found.repairs)
     passing = [o for o in found.repairs if passes(o)]
     assert found.repair is not None, [(o.name, o.ci_high, o.target) for o in found.repairs]
-    assert found.repair == min(passing, key=lambda o: o.bytes)
+    cheapest = min(passing, key=lambda o: o.bytes)
+    plain = not found.repair.kept_layers and not found.repair.kept_kinds
+    assert found.repair == cheapest or (plain and found.repair.bytes <= 1.05 * cheapest.bytes)
+    assert found.repair_why
     assert found.repair.bytes > found.weight_bytes
     # Fewer forwards than options: the search does not measure them all.
     assert len(found.repairs) < 40

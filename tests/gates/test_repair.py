@@ -11,6 +11,7 @@ from gates.repair import (
     TARGET_SHARE,
     LayerParams,
     RepairOption,
+    chosen,
     options,
     passes,
     target_kl,
@@ -54,6 +55,19 @@ def test_options_come_cheapest_first_and_leave_out_the_failed_configuration():
     as_int8, as_bf16 = (next(o for o in found if o.kept_layers == [29] and o.kept_as == kept_as
                              and o.weights == "int4/group64") for kept_as in ("int8/channel", "bf16"))
     assert as_int8.bytes < as_bf16.bytes and found[-1].weights in ("int8/channel", "int4/group16")
+
+
+def test_a_plain_format_close_in_bytes_is_chosen_over_a_mixed_one():
+    def option(bytes_: int, kl: float, **kept) -> RepairOption:
+        return RepairOption(weights="int8/channel" if not kept else "int4/group16", bytes=bytes_,
+                            mean_kl=kl, ci_low=kl, ci_high=kl, target=0.02, **kept)
+
+    mixed = option(100, 0.018, kept_kinds=["down_proj"])
+    near, far, failing = option(104, 0.003), option(110, 0.003), option(99, 0.03, kept_layers=[1])
+    assert chosen([failing, mixed, near])[0] is near
+    best, why = chosen([failing, mixed, far])
+    assert best is mixed and "cheapest" in why
+    assert chosen([failing]) == (None, "no option measured lies under its target")
 
 
 def test_the_target_is_the_tighter_of_the_kl_and_perplexity_limits():
