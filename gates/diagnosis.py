@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gates.repair import RepairOption
+from gates.repair import RepairOption, passes
 from infra.stored import StoredRecordError
 
 FILE = "diagnosis.json"
@@ -213,10 +213,15 @@ def repair_lines(diagnosis: Diagnosis) -> list[str]:
         return (f"{option.name}: KL {option.mean_kl:.4f} [{option.ci_low:.4f}, "
                 f"{option.ci_high:.4f}]{extra}")
 
-    tried = [cost(option) for option in diagnosis.repairs]
+    passing = [cost(o) for o in diagnosis.repairs if passes(o)]
+    cheaper = [o for o in diagnosis.repairs if not passes(o)
+               and (not diagnosis.repair or o.bytes < diagnosis.repair.bytes)]
     lines = [f"Repairs emulated (a bisection within each family of options) against KL <= "
-             f"{diagnosis.repair_target:.4f} "
-             f"({diagnosis.repair_target_why}): " + "; ".join(tried) + "."]
+             f"{diagnosis.repair_target:.4f} ({diagnosis.repair_target_why}): "
+             f"{len(diagnosis.repairs)} options measured (the chart plots them all); under the "
+             f"target: {'; '.join(passing) or 'none'}"
+             + (f"; the dearest cheaper one over it: {cost(max(cheaper, key=lambda o: o.bytes))}"
+                if cheaper else "") + "."]
     if diagnosis.repair is not None:
         lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes / 2**20:.1f}"
                      f" MiB of weights against {failed / 2**20:.1f} MiB): "

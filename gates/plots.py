@@ -237,7 +237,7 @@ def _repair_panel(ax, diagnosis: Diagnosis) -> None:
     ax.set_xlabel("weight MiB")
     ax.set_ylabel("KL nats/token (emulated)")
     ax.set_title(f"{diagnosis.stage}: repairs, KL against bytes", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
 
 
 def _kv_panel(ax, diagnosis: Diagnosis) -> None:

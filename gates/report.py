@@ -295,17 +295,21 @@ def _context(verdict: Verdict, records: list[StageRecord], signer: str | None,
     }
 
 
-def repair_line(judged: RepairVerdict) -> str:
-    """A repair stage's verdict beside the failed stage's, with what shipping it would cost."""
+def repair_line(judged: RepairVerdict, full: bool = True) -> str:
+    """A repair stage's verdict beside the failed stage's, with what shipping it would cost: its
+    reasons in full, or (`full` False, the sign-off block) the rules that failed."""
     cost = ""
     if judged.weight_bytes and judged.failed_weight_bytes:
         cost = (f", {judged.weight_bytes / 2**20:.1f} MiB of weights "
                 f"({judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
                 "candidate: decode reads every weight byte per token)")
-    why = (": " + "; ".join(judged.reasons[:4]) + (" ..." if len(judged.reasons) > 4 else "")
-           if judged.reasons else "")
+    if full:
+        why = "; ".join(judged.reasons)
+    else:
+        why = ", ".join(dict.fromkeys(r.split(": ")[1] for r in judged.reasons if ": " in r))
     return (f"Repair tested as stage {judged.stage}: {judged.configuration}{cost}: "
-            f"{judged.decision.upper()}{why}.")
+            f"{judged.decision.upper()}" + (f" ({why})" if why and not full else
+                                            f": {why}" if why else "") + ".")
 
 
 def diagnosis_rows(diagnosis: Diagnosis, repairs: Sequence[RepairVerdict] = ()) -> dict[str, Any]:
@@ -369,7 +373,8 @@ def write_report(
                        prompts or _prompts)
     context["placement"] = list(placement)
     context["diagnoses"] = [diagnosis_rows(d, verdict.repairs) for d in (diagnoses or {}).values()]
-    context["repairs"] = [{"repairs": r.repairs, "line": repair_line(r)} for r in verdict.repairs]
+    context["repairs"] = [{"repairs": r.repairs, "line": repair_line(r, full=False)}
+                          for r in verdict.repairs]
     inline = {name: "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
               for name, path in images.items()}
     html = _environment(True).get_template("report.html.j2").render(context | {"src": inline})
