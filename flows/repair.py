@@ -106,11 +106,15 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
                            prepared.policy.model_dump(mode="json"), settings.num_concurrent)
         keys = {name: digest(p) for name, p in parts.items()}
         started = time.monotonic()
-        with KeptEngines() as kept:
-            run = RunContext(repaired, results_dir, settings, no_cache, manifest, tracker,
-                             StageCache(settings.stage_cache_dir), parts, keys, kept, {},
-                             records=dict(by_name))
-            by_name[stage_name] = measure_one(served, run)
+        try:
+            with KeptEngines() as kept:
+                run = RunContext(repaired, results_dir, settings, no_cache, manifest, tracker,
+                                 StageCache(settings.stage_cache_dir), parts, keys, kept, {},
+                                 records=dict(by_name))
+                by_name[stage_name] = measure_one(served, run)
+        except QuantgateError as err:  # the candidate's verdict and report come first
+            log.warning("repair stage %s not measured: %s", stage_name, err)
+            continue
         progress.line(stage_summary(by_name[stage_name], list(by_name.values()), prepared.policy,
                                     time.monotonic() - started, final=False))
         prepared = repaired  # a second repair is planned after the first

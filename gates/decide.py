@@ -53,7 +53,7 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy,
     control stage (the parent's exact configuration served again) is judged like any stage and
     must pass: it is the team's own noise floor, so a failing control blocks the go as surely as
     a failing sibling branch. A repair stage (built after the candidate's rollback) is judged
-    like any stage but gets its own verdict (`repair_verdict`): it neither blocks the
+    like any stage but gets its own verdict (`repair_verdicts`): it neither blocks the
     candidate's go nor becomes a rollback target.
     """
     problem = chain_problem(records)
