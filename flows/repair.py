@@ -114,6 +114,8 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
                 by_name[stage_name] = measure_one(served, run)
         except QuantgateError as err:  # the candidate's verdict and report come first
             log.warning("repair stage %s not measured: %s", stage_name, err)
+            if stage_name in manifest.stages:  # a re-gate judges the stages it names
+                manifest.stages.remove(stage_name)
             continue
         progress.line(stage_summary(by_name[stage_name], list(by_name.values()), prepared.policy,
                                     time.monotonic() - started, final=False))
