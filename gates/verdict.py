@@ -73,7 +73,7 @@ class RepairVerdict(BaseModel):
 
     stage: str
     repairs: str = Field(description="The failed stage it repairs.")
-    configuration: str = Field(description="e.g. 'int4/group64, layers 11, 29 kept'.")
+    configuration: str = Field(description="e.g. 'int4/group16, down_proj, v_proj as int8/channel'.")
     decision: Literal["go", "rollback"]
     reasons: list[str] = Field(default_factory=list)
     weight_bytes: int | None = None
