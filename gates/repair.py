@@ -17,6 +17,7 @@ import math
 from pydantic import BaseModel, Field
 
 from gates.policy import GatePolicy
+from infra.sensitivity import parse_format
 
 SCALE_BITS = 16  # one bf16 scale per group (or per output channel)
 KEPT_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24)  # costliest layers kept, as options
@@ -69,10 +70,10 @@ class LayerParams(BaseModel):
 
 
 def _bits(fmt: str) -> tuple[int, int | None]:
-    """(bits, group size or None for per channel) of an 'intN/groupG' or 'intN/channel' format."""
-    head, _, strategy = fmt.partition("/")
-    bits = int(head.removeprefix("int").removeprefix("float"))
-    return bits, int(strategy.removeprefix("group")) if strategy.startswith("group") else None
+    """(bits, group size or None) of a format as the axes name it (infra.sensitivity's parser:
+    every option is one it can fake-quantize)."""
+    parsed = parse_format(fmt)
+    return parsed.bits, parsed.group_size
 
 
 def _linear_bits(fmt: str, width: int, rows: int) -> int:
