@@ -1,10 +1,11 @@
 """lm-eval's own tasks by name (`{lm_eval: gsm8k, num_fewshot: 5}`): config, data, item identity.
 
-The task's config is lm-eval's own YAML, found through a TaskManager with lm-eval's built-in
-tasks; the data come from the local Hugging Face cache, or from a local folder the spec names
-(`data:`), never from the Hub: every load runs with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set.
-Items pair across stages on lm-eval's own document identity: the doc's index in the evaluated
-docs and the hash lm-eval logs of its content (`doc_id`, `doc_hash`).
+The task's config is lm-eval's own YAML, found through lm-eval's index of its built-in tasks
+(kept on the machine per lm-eval version); the data come from the local Hugging Face cache, or
+from a local folder the spec names (`data:`), never from the Hub: every load runs with
+HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set. Items pair across stages on lm-eval's own document
+identity: the doc's index in the evaluated docs and the hash lm-eval logs of its content
+(`doc_id`, `doc_hash`).
 
 Kinds: `generate_until` tasks run on either endpoint; `multiple_choice` and `loglikelihood`
 score prompt log-probabilities, which only the completions endpoint returns (chat_template:
@@ -66,29 +67,65 @@ def offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
+# Bump when the stored index's layout changes.
+INDEX_VERSION = 1
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One name in lm-eval's task index: a task, a Python task, a group or a tag."""
+
+    kind: str  # lm_eval.tasks._index.Kind's name: TASK, PY_TASK, GROUP, TAG
+    yaml_path: str | None
+    tags: tuple[str, ...]
+
+
+def _index_file(version: str, tasks_dir: Path) -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    key = hashlib.sha256(f"{INDEX_VERSION}|{version}|{tasks_dir}".encode()).hexdigest()[:16]
+    return Path(root) / "quantgate" / f"lmeval-tasks-{key}.json"
+
+
 @functools.cache
-def _manager() -> Any:
+def task_index() -> dict[str, IndexEntry]:
+    """lm-eval's built-in task index, as its TaskManager builds it (TaskIndex.build parses every
+    YAML it ships, ~14,000 files: 10-20 s on 2 cores), kept on this machine per lm-eval version
+    and install folder: its task YAMLs are files of the installed package."""
     try:
-        from lm_eval.tasks import TaskManager
+        import lm_eval
+        from lm_eval.tasks._index import TaskIndex
     except ImportError as exc:
         raise SpecError(INSTALL_HINT) from exc
-    return TaskManager()  # include_defaults: lm-eval's own task configs
+    tasks_dir = Path(lm_eval.__file__).resolve().parent / "tasks"
+    stored = _index_file(lm_eval.__version__, tasks_dir)
+    try:
+        return {name: IndexEntry(e["kind"], e["yaml_path"], tuple(e["tags"]))
+                for name, e in json.loads(stored.read_text()).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # not built yet on this machine, or unreadable: build it again
+    index = {name: IndexEntry(entry.kind.name, str(entry.yaml_path) if entry.yaml_path else None,
+                              tuple(sorted(entry.tags)))
+             for name, entry in TaskIndex.build([tasks_dir]).items()}
+    with contextlib.suppress(OSError):  # a read-only home: the index is built each time
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        scratch = stored.with_name(f"{stored.name}.{os.getpid()}")
+        scratch.write_text(json.dumps({name: vars(e) for name, e in index.items()}))
+        os.replace(scratch, stored)
+    return index
 
 
 def task_yaml(task: str) -> Path:
     """The YAML file of one lm-eval task; a group, tag or unknown name is refused in one line."""
-    from lm_eval.tasks._index import Kind
-
-    manager = _manager()
-    entry = manager.task_index.get(task)
+    index = task_index()
+    entry = index.get(task)
     if entry is None:
-        close = difflib.get_close_matches(task, manager.all_subtasks, n=3)
+        tasks = [name for name, e in index.items() if e.kind in ("TASK", "PY_TASK")]
+        close = difflib.get_close_matches(task, tasks, n=3)
         hint = f"did you mean {', '.join(map(repr, close))}?" if close else \
             "`python -m lm_eval ls tasks` lists them"
         raise SpecError(f"lm_eval: {task!r} is not an lm-eval task; {hint}")
-    if entry.kind in (Kind.GROUP, Kind.TAG):
-        members = [name for name, e in manager.task_index.items()
-                   if task in e.tags and e.kind == Kind.TASK][:3]
+    if entry.kind in ("GROUP", "TAG"):
+        members = [name for name, e in index.items() if task in e.tags and e.kind == "TASK"][:3]
         example = f" (e.g. {', '.join(map(repr, members))})" if members else ""
         raise SpecError(f"lm_eval: {task!r} is an lm-eval group of tasks; name one of its "
                         f"tasks{example}: each set is one task, scored and paired on its own")

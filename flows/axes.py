@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from infra.errors import SpecError, did_you_mean
 from infra.quant_config import quantization_config_problem, quantization_problem
+from infra.weight_mix import decoder_matmuls, module_groups
 
 AXES = ("weights", "activations", "kv_cache")
 
@@ -194,3 +195,28 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: st
             "kv_cache_dtype is auto, which vLLM serves in the model dtype; set "
             "engine_flags.kv_cache_dtype (fp8) on this stage")
     return Axes(weights=weights, activations=activations, kv_cache=kv_axis, emulated=bool(emulation))
+
+
+def weight_mix(config: dict[str, Any]) -> dict[str, float] | None:
+    """Each weight format's share of the decoder matmuls' weights ('none': left in the model's
+    dtype) where a compressed-tensors checkpoint (or the one a dequantized twin was made from)
+    gives its modules more than one; None: one format throughout, or a config whose named
+    targets are not this model's module names (the share cannot be placed)."""
+    qc = config.get("quantization_config") or (config.get("quantgate_emulated") or {}).get(
+        "quantization_config") or {}
+    if str(qc.get("quant_method", "")).lower() != "compressed-tensors":
+        return None
+    try:
+        counts = decoder_matmuls(config)
+        groups = module_groups(qc, config)
+    except (KeyError, TypeError, ValueError):  # not a Llama-family shape, a bad pattern
+        return None
+    bodies = qc.get("config_groups") or {}
+    totals: dict[str, int] = {}
+    for name, group in groups.items():
+        fmt = "none" if group is None else _format_args(bodies[group].get("weights"), False)
+        totals[fmt] = totals.get(fmt, 0) + counts[name]
+    if len(totals) < 2:
+        return None
+    return {fmt: round(count / sum(totals.values()), 6) for fmt, count in sorted(totals.items())}
+

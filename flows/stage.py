@@ -11,6 +11,7 @@ from prefect import get_run_logger
 
 from evalsets.results import QualityResult
 from evalsets.runner import load_task_config
+from flows.axes import weight_mix
 from flows.engines import REFERENCE_PORT_OFFSET, KeptEngines, engine_beside, spec_port_free
 from flows.plan import Stage, searches_capacity
 from flows.preflight import Prepared
@@ -28,7 +29,7 @@ from gates.comparability import (
     tokenizer_hash,
 )
 from gates.record import StageRecord
-from infra.checkpoint import model_shape
+from infra.checkpoint import model_shape, read_config
 from infra.cores import plan_for
 from infra.engine import STARTED, EngineFacts, engine_class
 from infra.errors import EngineError, GpuBusyError, MeasurementError, PortInUseError
@@ -94,6 +95,7 @@ def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
         changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
+        weight_mix=weight_mix(read_config(stage.checkpoint)),
         request_options=stage.request_options or None,
         error=f"not measured: its parent {parent.name} did not finish ({parent.error})"[:2000],
     )
@@ -114,6 +116,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
         changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
+        weight_mix=weight_mix(read_config(stage.checkpoint)),
         request_options=stage.request_options or None,
     )
     spec = prepared.spec

@@ -247,7 +247,10 @@ def chain(records: list[StageRecord], name: str) -> list[StageRecord]:
 
 def repair_verdicts(candidate: str, records: list[StageRecord], policy: GatePolicy,
                     diagnoses: dict[str, Diagnosis]) -> list[RepairVerdict]:
-    """Each repair stage's verdict, judged as the final stage of its own chain."""
+    """Each repair stage's verdict, judged as the final stage of its own chain, with the speed the
+    what-if predicts for it, the failed stage and the baseline (in the formats they would ship)."""
+    from gates.whatif.section import DEFAULT_GPUS, one_user_tpot_ms
+
     by_name = {r.name: r for r in records}
     found = []
     for failed, diagnosis in diagnoses.items():
@@ -256,9 +259,14 @@ def repair_verdicts(candidate: str, records: list[StageRecord], policy: GatePoli
             continue
         verdict = decide(candidate, chain(records, stage), policy, final=stage)
         facts = by_name[stage].facts
+        compared = [r for r in (by_name[stage], by_name.get(failed), chain(records, stage)[0])
+                    if r is not None]
+        tpot = {r.name: one_user_tpot_ms(r) for r in compared}
         found.append(RepairVerdict(
             stage=stage, repairs=failed, configuration=diagnosis.repair.name,
             decision=verdict.decision, reasons=verdict.reasons,
             weight_bytes=diagnosis.repair.bytes, failed_weight_bytes=diagnosis.weight_bytes,
+            predicted_on=DEFAULT_GPUS[0],
+            tpot_ms={name: round(ms, 4) for name, ms in tpot.items() if ms is not None},
             command=facts.command_line() if facts else None))
     return found

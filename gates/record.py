@@ -85,6 +85,10 @@ class StageRecord(Stored):
     shape: dict[str, Any] | None = Field(
         default=None, description="The model-shape keys of the checkpoint's config.json (layers, "
         "widths, heads, vocabulary): what the capacity what-if predicts from.")
+    weight_mix: dict[str, float] | None = Field(
+        default=None, description="A checkpoint whose config groups give its decoder matmuls "
+        "more than one weight format: each format's share of their weights ('none': left in the "
+        "model's dtype), as compressed-tensors places them; what the what-if streams per token.")
     facts: EngineFacts | None = None
     quality: QualityResult | None = None
     load: LoadResult | None = None

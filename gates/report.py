@@ -303,6 +303,12 @@ def repair_line(judged: RepairVerdict, full: bool = True) -> str:
         cost = (f", {judged.weight_bytes / 2**20:.1f} MiB of weights "
                 f"({judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
                 "candidate: decode reads every weight byte per token)")
+    tpot = judged.tpot_ms
+    if judged.stage in tpot and len(tpot) > 1:
+        others = " and ".join(f"{ms:.3g} ms for {name}" for name, ms in tpot.items()
+                              if name != judged.stage)
+        cost += (f"; predicted one-user TPOT on {judged.predicted_on} (the what-if): "
+                 f"{tpot[judged.stage]:.3g} ms against {others}")
     if full:
         why = "; ".join(judged.reasons)
     else:

@@ -78,6 +78,11 @@ class RepairVerdict(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     weight_bytes: int | None = None
     failed_weight_bytes: int | None = Field(None, description="The failed configuration's.")
+    predicted_on: str | None = Field(None, description="The GPU `tpot_ms` is predicted on.")
+    tpot_ms: dict[str, float] = Field(
+        default_factory=dict, description="The what-if's one-user TPOT of the reference workload "
+        "on `predicted_on`, by stage: the repair, the failed stage and the baseline, each in the "
+        "format it would ship (a prediction, never a measurement).")
     command: str | None = Field(None, description="Its engine command, as served.")
 
 

@@ -18,7 +18,7 @@ app = typer.Typer()
 def _whatif_inputs(source: Path, profile: str | None):
     """(stages as (name, emulated, config.json dict, axes), the load profile and where it came
     from (the one named, else the spec's or the run's), lines on stages left out)."""
-    from gates.whatif.records import run_profile, spec_profile, stage_shape
+    from gates.whatif.records import run_profile, served_axes, spec_profile, stage_shape
     from load.profile import load_profile, profile_path
 
     skipped: list[str] = []
@@ -32,17 +32,22 @@ def _whatif_inputs(source: Path, profile: str | None):
             if found.config is None:
                 skipped.append(f"{record.name}: {found.source}")
             else:
-                stages.append((record.name, record.emulated, found.config, record.axes))
+                stages.append((record.name, record.emulated, found.config, served_axes(record)))
         if profile is None:
             return stages, *run_profile(source), skipped
     elif source.is_file():
+        from flows.axes import weight_mix
         from flows.plan import plan
         from flows.spec import load_spec
         from infra.checkpoint import read_config
 
         spec = load_spec(source)
-        stages = [(stage.name, stage.axes.emulated, read_config(stage.checkpoint),
-                   stage.axes.model_dump()) for stage in plan(spec)]
+        stages = []
+        for stage in plan(spec):
+            config = read_config(stage.checkpoint)
+            mix = weight_mix(config)
+            stages.append((stage.name, stage.axes.emulated, config,
+                           stage.axes.model_dump() | ({"weight_mix": mix} if mix else {})))
         if profile is None:
             return stages, *spec_profile(source, spec.load_profile), skipped
     else:

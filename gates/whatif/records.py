@@ -52,6 +52,11 @@ def stage_shape(record: StageRecord) -> StageShape:
                           f"({getattr(err, 'strerror', None) or err}): no what-if for this stage")
 
 
+def served_axes(record: StageRecord) -> dict[str, Any]:
+    """The record's axes as the what-if reads them: with a mixed checkpoint's weight shares."""
+    return record.axes | ({"weight_mix": record.weight_mix} if record.weight_mix else {})
+
+
 def kv_cache_gib(record: StageRecord) -> float | None:
     """The KV pool the engine had (VLLM_CPU_KVCACHE_SPACE on a CPU), GiB; None: not recorded."""
     if record.facts and record.facts.kv_cache_bytes:

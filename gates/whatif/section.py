@@ -19,7 +19,13 @@ from gates.whatif import predict_stage
 from gates.whatif.calibrate import Baseline, calibrate
 from gates.whatif.cpu import cpu_device
 from gates.whatif.hardware import Device, device
-from gates.whatif.records import busy_measured, kv_cache_gib, low_load_measured, stage_shape
+from gates.whatif.records import (
+    busy_measured,
+    kv_cache_gib,
+    low_load_measured,
+    served_axes,
+    stage_shape,
+)
 from gates.whatif.scheduler import SchedulerConfig
 from gates.whatif.search import SimSettings, Workload, capacity, low_load
 from gates.whatif.shape import ModelShape, stage_format
@@ -119,16 +125,32 @@ def _shapes(records: list[StageRecord], section: WhatifSection) -> dict[str, Mod
     return shapes
 
 
+def one_user_tpot_ms(record: StageRecord, gpu: str = DEFAULT_GPUS[0]) -> float | None:
+    """The TPOT one user of the reference workload sees on `gpu`, as the what-if predicts it for
+    the record's format as it would ship (a mixed checkpoint on its shares); None: the record has
+    no model shape or a format the what-if cannot read."""
+    found = stage_shape(record)
+    if found.config is None:
+        return None
+    try:
+        shape = ModelShape.from_config(found.config)
+        roofline = Roofline(shape, stage_format(served_axes(record), shape), device(gpu))
+        return low_load(roofline, SchedulerConfig(), REFERENCE_WORKLOAD)[1]
+    except QuantgateError:
+        return None
+
+
 def _gpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], targets: list[Device],
               workload: Workload, settings: SimSettings, section: WhatifSection) -> None:
     done: dict[str, list[dict[str, Any]]] = {}  # stages that serve alike are predicted once
     for record in records:
         if record.name not in shapes:
             continue
-        key = json.dumps([shapes[record.name].model_dump(), record.axes], sort_keys=True)
+        axes = served_axes(record)
+        key = json.dumps([shapes[record.name].model_dump(), axes], sort_keys=True)
         if key not in done:
             try:
-                done[key] = [predict_stage(shapes[record.name], record.axes, target, workload,
+                done[key] = [predict_stage(shapes[record.name], axes, target, workload,
                                            settings=settings) for target in targets]
             except QuantgateError as err:
                 section.skipped.append(f"{record.name}: {err}")
@@ -182,12 +204,13 @@ def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workloa
             continue
         seen = low_load_measured(record)
         config = SchedulerConfig(kv_cache_gib=kv_cache_gib(record))
-        key = json.dumps([shapes[record.name].model_dump(), record.axes, config.kv_cache_gib],
+        axes = served_axes(record)
+        key = json.dumps([shapes[record.name].model_dump(), axes, config.kv_cache_gib],
                          sort_keys=True)
         try:
             if key not in done:
                 roofline = Roofline(shapes[record.name],
-                                    stage_format(record.axes, shapes[record.name]), fitted)
+                                    stage_format(axes, shapes[record.name]), fitted)
                 ttft, tpot = low_load(roofline, config, workload)
                 done[key] = (ttft, tpot, capacity(roofline, config, workload, settings)[0])
         except QuantgateError as err:

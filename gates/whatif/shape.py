@@ -135,7 +135,8 @@ def _weight_bytes(weights: str, hidden_size: int) -> tuple[float, str]:
     if weights in ("none", "", "bf16", "bfloat16", "float16"):
         return 2.0, "bf16 weights"
     if "+" in weights:
-        raise SpecError(f"mixed weight formats {weights!r}: the what-if needs one format")
+        raise SpecError(f"mixed weight formats {weights!r} and no share of each: the what-if "
+                        "places them by a compressed-tensors checkpoint's config groups")
     match = _FORMAT.match(weights)
     if not match:
         raise SpecError(
@@ -177,11 +178,19 @@ def _compute_dtype(activations: str) -> str:
 
 
 def stage_format(axes: dict[str, Any], shape: ModelShape) -> StageFormat:
-    """A stage's format from its axes (flows.axes.Axes as a dict: weights, activations, kv_cache)."""
+    """A stage's format from its axes (flows.axes.Axes as a dict: weights, activations, kv_cache;
+    `weight_mix`, where present, each weight format's share of a mixed checkpoint's matmuls)."""
     weights = str(axes.get("weights", "none"))
     activations = str(axes.get("activations", "none"))
     kv_cache = str(axes.get("kv_cache", "auto"))
-    bytes_per_param, how = _weight_bytes(weights, shape.hidden_size)
+    mix = axes.get("weight_mix")
+    if mix:  # a mixed checkpoint (flows.axes.weight_mix): each format on its share
+        parts = {fmt: _weight_bytes(fmt, shape.hidden_size)[0] for fmt in mix}
+        bytes_per_param = sum(share * parts[fmt] for fmt, share in mix.items())
+        how = "mixed weights: " + ", ".join(
+            f"{'bf16' if fmt == 'none' else fmt} on {share:.0%}" for fmt, share in mix.items())
+    else:
+        bytes_per_param, how = _weight_bytes(weights, shape.hidden_size)
     compute = _compute_dtype(activations)
     kv = 1.0 if kv_cache.startswith(("fp8", "float8")) else 2.0
     if kv_cache not in ("auto", "none", "bf16") and kv == 2.0:

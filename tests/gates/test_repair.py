@@ -96,10 +96,20 @@ def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
                           checkpoint="", reference="", emulated={"weights": "int4/group64"},
                           weight_bytes=100, repair_stage="w4-repair",
                           repair=RepairOption(weights="int4/group32", kept_layers=[29], bytes=120))
+    # The speed each would ship at, predicted from its shape and format: the repair (INT4 with a
+    # layer kept in bf16, a mixed checkpoint) between the failed INT4 stage and the baseline.
+    shape = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+             "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+             "tie_word_embeddings": True}
+    baseline.shape = failed.shape = good_repair.shape = shape
+    failed.axes = good_repair.axes = baseline.axes | {"weights": "int4/group64"}
+    good_repair.weight_mix = {"int4/group32": 29 / 30, "none": 1 / 30}
     (judged,) = repair_verdicts("c", [baseline, failed, good_repair], policy, {"w4": diagnosis})
     assert judged.decision == "go" and judged.repairs == "w4", judged.reasons
     assert judged.configuration == "int4/group32, layers 29 as bf16"
     assert (judged.weight_bytes, judged.failed_weight_bytes) == (120, 100)
+    assert judged.predicted_on and set(judged.tpot_ms) == {"w4-repair", "w4", "baseline"}
+    assert judged.tpot_ms["w4"] < judged.tpot_ms["w4-repair"] < judged.tpot_ms["baseline"]
     bad_repair = record("w4-repair", "baseline", BASE, kind="repair", perplexity=14.0)
     (judged,) = repair_verdicts("c", [baseline, failed, bad_repair], policy, {"w4": diagnosis})
     assert judged.decision == "rollback" and judged.reasons[0].startswith("w4-repair: ")

@@ -96,6 +96,27 @@ def test_stage_format_refuses_what_it_cannot_read(axes):
         stage_format(axes, QWEN)
 
 
+def test_a_mixed_checkpoint_streams_each_format_on_its_share():
+    """A repair's checkpoint (INT4 with its MLPs kept in INT8, say) is predicted from its mix;
+    its resident bytes agree with the bytes the repair search counted per module."""
+    from gates.repair import RepairOption, weight_bytes
+    from tests.gates.test_repair import PARAMS
+
+    share = 2 * 576 * 1536 / (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536)
+    axes = {**W4A16, "weights": "int4/group16+int8/channel",
+            "weight_mix": {"int4/group16": 1 - share, "int8/channel": share}}
+    fmt = stage_format(axes, SMOLLM2)
+    alone = {w: stage_format({**W4A16, "weights": w}, SMOLLM2).weight_bytes_per_param
+             for w in ("int4/group16", "int8/channel")}
+    assert fmt.weight_bytes_per_param == pytest.approx(
+        (1 - share) * alone["int4/group16"] + share * alone["int8/channel"])
+    assert "int4/group16 on 50%, int8/channel on 50%" in fmt.note
+    counted = weight_bytes(PARAMS, RepairOption(weights="int4/group16", bytes=0,
+                                                kept_kinds=["up_proj", "down_proj"],
+                                                kept_as="int8/channel"))
+    assert fmt.resident_weight_bytes(SMOLLM2) == pytest.approx(counted, rel=0.01)
+
+
 def test_fp8_on_a100_runs_as_weight_only():
     roofline = Roofline(QWEN, stage_format(W8A8_FP8, QWEN), device("a100-80g"))
     assert roofline.matmul_dtype == "bf16"
