@@ -6,9 +6,10 @@ scores them), the load profile, the hardware, and, for a stage after the baselin
 its parent and of the baseline (its divergence, flips and paired timing are against them) and
 the part of the gate policy that decides what is measured (`measuring_policy`); for the
 baseline, the budget of the scoring corpus it builds (`divergence.corpus_tokens`). Same key, same
-measurement: a second
-candidate against the same baseline serves no baseline engine, and a run started again after a
-crash resumes after its last finished stage.
+measurement: a second candidate against the same baseline serves no baseline engine, a run
+started again after a crash resumes after its last finished stage, and a stage that serves what
+another stage served (a repair built as the bytes of a stage already measured, whatever either
+is named: infra.digest.config_digest) takes that stage's measurement under its own name.
 
 A control stage is never taken from the cache: re-measuring is its purpose. A structured_output
 stage serves its parent's configuration; its kind and request options (response_format) are in
@@ -113,7 +114,8 @@ def stage_keys(stages: list[Stage], spec: Spec, profile: dict, policy: dict,
     parts: dict[str, dict] = {}
     for stage in stages:
         parts[stage.name] = stage_parts(stage, spec, profile, policy, keys, code, in_flight)
-        parts[stage.name]["capacity_search"] = searches_capacity(
+        # An emulated stage runs no load: where it stands in the plan changes nothing measured.
+        parts[stage.name]["capacity_search"] = not stage.axes.emulated and searches_capacity(
             stage, stages, profile.get("capacity") or {})
         keys[stage.name] = digest(parts[stage.name])
     return parts

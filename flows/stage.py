@@ -57,6 +57,13 @@ def measure_one(stage: Stage, run: RunContext) -> StageRecord:
             logger.info("stage %s: measured before, taken from the cache (%s)", stage.name,
                         keys[stage.name][:12])
             record = StageRecord.read(folder)
+            if (record.name, record.kind, record.parent) != (stage.name, stage.kind, stage.parent):
+                # Another stage's measurement of the same key (weights, config, engine, sets,
+                # parent): a repair built as the W8A16 twin's bytes is that stage, measured.
+                logger.info("stage %s: the same as stage %s of run %s", stage.name, record.name,
+                            record.measured_in)
+                record.name, record.kind, record.parent = stage.name, stage.kind, stage.parent
+                record.save(folder)
         else:
             try:
                 record = measure_stage(stage, run, keep=stage.name in run.keep_until)

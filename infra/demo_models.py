@@ -29,7 +29,6 @@ BASELINE_NAME = "smollm2-135m-bf16"
 COMPRESSED_NAMES = ("smollm2-135m-w8a16", "smollm2-135m-w8a8", "smollm2-135m-w4a16-g64")
 DEQUANTIZED_NAMES = ("smollm2-135m-w8a16-dequant", "smollm2-135m-w4a16-g64-dequant")
 CANDIDATE_NAMES = (*COMPRESSED_NAMES, *DEQUANTIZED_NAMES)  # make_candidates.py makes them in this order
-EMULATED_KEY = "quantgate_emulated"  # config.json key of a dequantized twin, as make_candidates.py writes it
 COMPLETE_MARKER = ".quantgate-complete"
 LLMCOMPRESSOR_PYTHON_ENV = "QG_LLMCOMPRESSOR_PYTHON"
 # The Makefile's venv, at the repo root (a run's cwd may be anywhere).

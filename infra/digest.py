@@ -23,6 +23,11 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                     "quantization_config.json", "recipe.yaml")
 
 
+# A dequantized twin's config.json key (infra/make_candidates.py) and its fields that only name.
+EMULATED_KEY = "quantgate_emulated"
+TWIN_NAMES = ("format", "source", "note")
+
+
 def default_store() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "quantgate" / "file-digests.json"
@@ -59,10 +64,29 @@ def _read(store: Path) -> dict[str, str]:
 
 def checkpoint_digest(checkpoint: Path, store: Path | None = None) -> str:
     """What is served from a checkpoint folder: its weight files and the files that configure
-    them, by name and content (not by where the folder lies)."""
+    them, by name and content (not by where the folder lies, nor what a dequantized twin says it
+    was named: `config_digest`)."""
     files = sorted(p for p in checkpoint.iterdir()
                    if p.suffix in WEIGHT_SUFFIXES or p.name in CHECKPOINT_FILES)
-    return _combine({p.name: file_digest(p, store) for p in files if p.is_file()})
+    return _combine({p.name: config_digest(p) if p.name == "config.json" else file_digest(p, store)
+                     for p in files if p.is_file()})
+
+
+def config_digest(path: Path) -> str:
+    """A config.json's content, less a dequantized twin's names for itself and its source
+    (make_candidates.py's `format`, `source` and `note` under quantgate_emulated): two twins of
+    the same weights and quantization_config serve the same, whatever they were called (a
+    repair built as int8/channel is the W8A16 twin byte for byte)."""
+    data = path.read_bytes()
+    try:
+        config = json.loads(data)
+    except ValueError:
+        return hashlib.sha256(data).hexdigest()
+    emulated = config.get(EMULATED_KEY) if isinstance(config, dict) else None
+    if not isinstance(emulated, dict):
+        return hashlib.sha256(data).hexdigest()
+    config[EMULATED_KEY] = {k: v for k, v in emulated.items() if k not in TWIN_NAMES}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
 def folder_digest(folder: Path, suffixes: tuple[str, ...] = ()) -> str:

@@ -166,3 +166,55 @@ def test_only_the_baseline_and_the_final_candidate_search_capacity(tmp_path):
     profile = dict(PROFILE, capacity={"enabled": True})
     parts = stage_keys(stages, spec(tmp_path), profile, POLICY, 64)
     assert [p["capacity_search"] for p in parts.values()] == [True, False, True]
+
+
+def test_twins_of_the_same_weights_are_one_key_whatever_they_are_named(tmp_path):
+    """A repair built as int8 per channel is the W8A16 twin byte for byte, named otherwise: its
+    stage takes the measured stage's entry (the plan's place of an emulated stage, which runs no
+    load, changes nothing either); another quantization_config is another key."""
+    from tests.flows.checkpoints import W4A16, make_emulated_checkpoint
+
+    base = make_checkpoint(tmp_path / "bf16")
+    twins = [make_emulated_checkpoint(tmp_path / name, source, W8A16)
+             for name, source in (("w8", "smollm2-w8a16"), ("repair", "bf16-int8-channel"))]
+    other = make_emulated_checkpoint(tmp_path / "w4", "smollm2-w4a16", W4A16)
+    assert checkpoint_digest(twins[0]) == checkpoint_digest(twins[1]) != checkpoint_digest(other)
+    found = Spec.model_validate({
+        "candidate": "c", "baseline": {"checkpoint": str(base)},
+        "stages": [{"name": "w8", "kind": "weights", "checkpoint": str(twins[0])},
+                   {"name": "w4", "kind": "weights", "parent": "baseline",
+                    "checkpoint": str(other)},
+                   {"name": "w4-repair", "kind": "repair", "parent": "baseline",
+                    "checkpoint": str(twins[1])}],
+        "evalsets": [{"name": "math", "limit": 40}],
+    })
+    found_keys = keys(found, profile=dict(PROFILE, capacity={"enabled": True}))
+    assert found_keys["w4-repair"] == found_keys["w8"] != found_keys["w4"]
+
+
+def test_a_stage_restored_from_another_stages_entry_is_stored_under_its_own_name(tmp_path,
+                                                                                  monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import flows.stage
+    from flows.stage import measure_one
+    from gates.record import RunManifest, StageRecord
+    from tests.gates.records import record
+
+    monkeypatch.setattr(flows.stage, "get_run_logger", lambda: SimpleNamespace(info=print))
+    measured = record("w8", "baseline", [1.0, 0.0] * 10)
+    measured.save(tmp_path / "measured")
+    cache = StageCache(tmp_path / "cache")
+    cache.store("k", {"a": 1}, tmp_path / "measured")
+    tracker = SimpleNamespace(stage_run=lambda *_: nullcontext(), log_stage=lambda *_, **__: None)
+    run = SimpleNamespace(
+        cache=cache, parts={}, keys={"w4-repair": "k"}, results_dir=tmp_path / "run",
+        manifest=RunManifest(candidate="c", stages=["baseline"]), tracker=tracker, records={},
+        no_cache=False, reused=set(), prepared=SimpleNamespace(spec=SimpleNamespace(candidate="c")))
+    stage = SimpleNamespace(name="w4-repair", kind="repair", parent="baseline")
+    got = measure_one(stage, run)
+    assert (got.name, got.kind, got.parent) == ("w4-repair", "repair", "baseline")
+    stored = StageRecord.read(tmp_path / "run" / "w4-repair")
+    assert (stored.name, stored.kind) == ("w4-repair", "repair")
+    assert stored.quality == measured.quality and run.manifest.reused == {"w4-repair": "k"}

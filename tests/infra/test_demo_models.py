@@ -15,7 +15,6 @@ from infra.demo_models import (
     CANDIDATE_NAMES,
     COMPLETE_MARKER,
     DEQUANTIZED_NAMES,
-    EMULATED_KEY,
     convert_demo_baseline,
     find_demo_gguf,
     is_complete,
@@ -23,6 +22,7 @@ from infra.demo_models import (
     prepare_candidates,
     write_atomically,
 )
+from infra.digest import EMULATED_KEY
 from infra.errors import CheckpointError
 from infra.formats import FORMATS
 

@@ -12,12 +12,12 @@ from safetensors import safe_open
 
 from infra.demo_models import (
     BASELINE_NAME,
-    EMULATED_KEY,
     MAKE_CANDIDATES_SCRIPT,
     is_complete,
     llmcompressor_python,
     prepare_candidates,
 )
+from infra.digest import EMULATED_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_MODELS = REPO / "models"
