@@ -80,9 +80,9 @@ class IndexEntry:
     tags: tuple[str, ...]
 
 
-def _index_file(version: str, tasks_dir: Path) -> Path:
+def _index_file(version: str) -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    key = hashlib.sha256(f"{INDEX_VERSION}|{version}|{tasks_dir}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{INDEX_VERSION}|{version}".encode()).hexdigest()[:16]
     return Path(root) / "quantgate" / f"lmeval-tasks-{key}.json"
 
 
@@ -90,28 +90,31 @@ def _index_file(version: str, tasks_dir: Path) -> Path:
 def task_index() -> dict[str, IndexEntry]:
     """lm-eval's built-in task index, as its TaskManager builds it (TaskIndex.build parses every
     YAML it ships, ~14,000 files: 10-20 s on 2 cores), kept on this machine per lm-eval version
-    and install folder: its task YAMLs are files of the installed package."""
+    (its task YAMLs are files of the released package), YAML paths relative to its tasks folder."""
     try:
         import lm_eval
         from lm_eval.tasks._index import TaskIndex
     except ImportError as exc:
         raise SpecError(INSTALL_HINT) from exc
     tasks_dir = Path(lm_eval.__file__).resolve().parent / "tasks"
-    stored = _index_file(lm_eval.__version__, tasks_dir)
+    stored = _index_file(lm_eval.__version__)
     try:
-        return {name: IndexEntry(e["kind"], e["yaml_path"], tuple(e["tags"]))
+        return {name: IndexEntry(e["kind"], e["yaml_path"] and str(tasks_dir / e["yaml_path"]),
+                                 tuple(e["tags"]))
                 for name, e in json.loads(stored.read_text()).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # not built yet on this machine, or unreadable: build it again
-    index = {name: IndexEntry(entry.kind.name, str(entry.yaml_path) if entry.yaml_path else None,
-                              tuple(sorted(entry.tags)))
-             for name, entry in TaskIndex.build([tasks_dir]).items()}
+    built = TaskIndex.build([tasks_dir])
     with contextlib.suppress(OSError):  # a read-only home: the index is built each time
         stored.parent.mkdir(parents=True, exist_ok=True)
         scratch = stored.with_name(f"{stored.name}.{os.getpid()}")
-        scratch.write_text(json.dumps({name: vars(e) for name, e in index.items()}))
+        scratch.write_text(json.dumps({
+            name: {"kind": e.kind.name, "tags": sorted(e.tags),
+                   "yaml_path": e.yaml_path and str(Path(e.yaml_path).relative_to(tasks_dir))}
+            for name, e in built.items()}))
         os.replace(scratch, stored)
-    return index
+    return {name: IndexEntry(e.kind.name, e.yaml_path and str(e.yaml_path), tuple(sorted(e.tags)))
+            for name, e in built.items()}
 
 
 def task_yaml(task: str) -> Path:

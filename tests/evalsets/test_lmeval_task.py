@@ -60,6 +60,29 @@ def test_a_named_task_is_named_by_it_and_typos_are_caught(tmp_path):
         EvalSetSpec.model_validate({"lm_eval": "gsm8k", "data": str(tmp_path / "none")})
 
 
+def test_the_task_index_is_built_once_per_lm_eval_version_and_read_after(tmp_path, monkeypatch):
+    from lm_eval.tasks._index import TaskIndex
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    lmeval_task.task_index.cache_clear()
+    built = lmeval_task.task_yaml("gsm8k")
+    (stored,) = (tmp_path / "quantgate").glob("lmeval-tasks-*.json")
+
+    def never(*_, **__):
+        raise AssertionError("the stored index was not read")
+
+    monkeypatch.setattr(TaskIndex, "build", never)
+    lmeval_task.task_index.cache_clear()
+    assert lmeval_task.task_yaml("gsm8k") == built and built.is_file()
+    assert lmeval_task.task_index()["mmlu"].kind == "GROUP"
+    stored.write_text("{damaged")  # rebuilt, not trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    lmeval_task.task_index.cache_clear()
+    assert lmeval_task.task_yaml("gsm8k") == built
+    lmeval_task.task_index.cache_clear()
+
+
 def test_missing_data_says_where_to_put_it_without_reaching_the_hub(empty_hf_cache):
     spec = EvalSetSpec.model_validate({"lm_eval": "gsm8k"})
     with pytest.raises(SpecError) as err:
