@@ -30,7 +30,7 @@ from flows.summary import flow_run_tags, record_registry_verdict, stage_summary,
 from flows.timing import timed, utc_now
 from flows.tracking import Tracker
 from gates.decide import decide, repair_verdicts
-from gates.diagnosis import read_diagnoses
+from gates.diagnosis import Diagnosis
 from gates.policy import save_run_policy
 from gates.record import RunManifest, StageRecord
 from gates.report import write_report
@@ -92,10 +92,13 @@ def _say(line: str | None) -> None:
 
 def on_rollback(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
                 manifest: RunManifest, tracker: Tracker, records: list[StageRecord],
-                verdict: Verdict, clock: dict[str, float]) -> tuple[list[StageRecord], Verdict]:
+                verdict: Verdict, clock: dict[str, float]
+                ) -> tuple[list[StageRecord], Verdict, dict[str, Diagnosis]]:
     """Each failed stage diagnosed and, where asked, its repair built and measured (the host's
     slot held: the diagnosis uses every core the box gives this process, as an engine would);
-    the verdict again, the candidate's decision unchanged, each repair's beside it."""
+    the verdict again, the candidate's decision unchanged, each repair's beside it; the
+    diagnoses by stage, as stored."""
+    diagnoses: dict[str, Diagnosis] = {}
     with host_slot(), engine_key(prepared.api_key):
         with timed(clock, "diagnosis"):
             threads = len(os.sched_getaffinity(0))
@@ -104,19 +107,20 @@ def on_rollback(prepared: Prepared, results_dir: Path, settings: Settings, no_ca
             for found in diagnose_failed(results_dir, verdict, records, prepared.policy,
                                          max_tokens=settings.diagnose_max_tokens,
                                          threads=threads):
+                diagnoses[found.stage] = found
                 chosen = (found.repair.name if found.repair else
                           "none under the target" if found.repairs else "not searched")
                 _say(f"diagnosis of {found.stage}: {found.forwards} groups in "
                      f"{found.seconds:.0f} s; repair: {chosen}")
         if not settings.repair_on_rollback:
-            return records, verdict
+            return records, verdict, diagnoses
         with timed(clock, "repair"):
             records = repair_stages(prepared, results_dir, settings, no_cache, manifest, tracker,
-                                    records)
+                                    records, diagnoses)
     verdict = decide(prepared.spec.candidate, records, prepared.policy)
     verdict.repairs = repair_verdicts(prepared.spec.candidate, records, prepared.policy,
-                                      read_diagnoses(results_dir, [r.name for r in records]))
-    return records, verdict
+                                      diagnoses)
+    return records, verdict, diagnoses
 
 
 @flow(name="acceptance", log_prints=True)
@@ -160,16 +164,18 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
             records = [StageRecord.read(results_dir / record.name) for record in records]
             verdict = decide(spec.candidate, records, prepared.policy)
             verdict_path = verdict.save(results_dir / "verdict.json")
+        diagnoses: dict[str, Diagnosis] = {}
         if verdict.decision == "rollback" and (settings.diagnose_on_rollback
                                                or settings.repair_on_rollback):
-            records, verdict = on_rollback(prepared, results_dir, settings, no_cache, manifest,
-                                           tracker, records, verdict, clock)
+            records, verdict, diagnoses = on_rollback(
+                prepared, results_dir, settings, no_cache, manifest, tracker, records, verdict,
+                clock)
             verdict.save(verdict_path)
         report_dir = (settings.reports_dir / results_dir.name).resolve()
         with timed(clock, "reporting"):
             report = write_report(
                 verdict, records, report_dir, signer=settings.signer,
-                diagnoses=read_diagnoses(results_dir, [record.name for record in records]),
+                diagnoses=diagnoses,
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
                 prompts=lambda name: stored_prompts(results_dir, name),  # as a re-gate shows them
                 workload_source=f"load profile {spec.load_profile}",

@@ -26,7 +26,7 @@ from flows.spec import StageSpec
 from flows.stage import measure_one
 from flows.summary import stage_summary
 from flows.tracking import Tracker
-from gates.diagnosis import Diagnosis, read_diagnoses
+from gates.diagnosis import Diagnosis
 from gates.record import RunManifest, StageRecord
 from infra.checkpoint import check_checkpoint
 from infra.cpu_support import check_cpu_servable, cpu_flags
@@ -78,12 +78,12 @@ def _served(prepared: Prepared, name: str, failed: StageRecord, twin: Path) -> t
 
 
 def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_cache: bool,
-                  manifest: RunManifest, tracker: Tracker,
-                  records: list[StageRecord]) -> list[StageRecord]:
-    """Each diagnosed stage's repair built and measured; the run's records with them (as stored).
-    A repair that cannot be built is logged with its reason and left out: the verdict stands."""
+                  manifest: RunManifest, tracker: Tracker, records: list[StageRecord],
+                  diagnoses: dict[str, Diagnosis]) -> list[StageRecord]:
+    """Each diagnosed stage's repair built and measured (its diagnosis then names the repair
+    stage, in `diagnoses` and on disk); the run's records with them (as stored). A repair that
+    cannot be built is logged with its reason and left out: the verdict stands."""
     by_name = {r.name: r for r in records}
-    diagnoses = read_diagnoses(results_dir, list(by_name))
     baseline = prepared.stages[0]
     for failed, diagnosis in diagnoses.items():
         if diagnosis.repair is None or diagnosis.repair_stage is not None:

@@ -169,11 +169,12 @@ def simulate(
             )
             steps += taken
             max_running = max(max_running, len(running))
-            done = running[known[running] - prompt_tokens >= output_tokens]
-            if len(done):
+            finished = known[running] - prompt_tokens >= output_tokens
+            if finished.any():
+                done = running[finished]
                 finish[done] = now
                 pending_measured -= int(measured[done].sum())
-                running = running[~np.isin(running, done)]
+                running = running[~finished]
             continue
         before = np.cumsum(want) - want
         scheduled = np.clip(budget_total - before, 0, want)
@@ -223,11 +224,13 @@ def simulate(
         first = sampled[np.isnan(first_token[sampled])]
         first_token[first] = now
         known[sampled] += 1
-        done = sampled[known[sampled] - prompt_tokens >= output_tokens]
-        if len(done):
+        # Only a sequence that sampled can have finished: the others had tokens left before.
+        finished = samples & (known[running] - prompt_tokens >= output_tokens)
+        if finished.any():
+            done = running[finished]
             finish[done] = now
             pending_measured -= int(measured[done].sum())
-            running = running[~np.isin(running, done)]
+            running = running[~finished]
 
     ttft = (first_token - arrivals_s) * 1e3
     tpot = (finish - first_token) / max(output_tokens - 1, 1) * 1e3
