@@ -63,6 +63,8 @@ def measure_one(stage: Stage, run: RunContext) -> StageRecord:
                 logger.info("stage %s: the same as stage %s of run %s", stage.name, record.name,
                             record.measured_in)
                 record.name, record.kind, record.parent = stage.name, stage.kind, stage.parent
+                if record.facts is not None:
+                    record.facts = serving(record.facts, stage.checkpoint)
                 record.save(folder)
         else:
             try:
@@ -77,6 +79,17 @@ def measure_one(stage: Stage, run: RunContext) -> StageRecord:
                 cache.store(keys[stage.name], parts[stage.name], folder)
         tracker.log_stage(record, folder, cached=stage.name in run.reused)
     return record
+
+
+def serving(facts: EngineFacts, checkpoint: Path) -> EngineFacts:
+    """The facts of an engine as it serves the same bytes from `checkpoint` (a stage that takes
+    another stage's measurement: the cache key holds the content, not the folder): the served
+    model and the command name `checkpoint` where they named the other folder."""
+    if facts.model not in facts.command:
+        return facts
+    return facts.model_copy(update={
+        "model": str(checkpoint),
+        "command": [str(checkpoint) if arg == facts.model else arg for arg in facts.command]})
 
 
 def measure_stage(stage: Stage, run: RunContext, keep: bool = False) -> StageRecord:

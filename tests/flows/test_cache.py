@@ -212,9 +212,13 @@ def test_a_stage_restored_from_another_stages_entry_is_stored_under_its_own_name
         cache=cache, parts={}, keys={"w4-repair": "k"}, results_dir=tmp_path / "run",
         manifest=RunManifest(candidate="c", stages=["baseline"]), tracker=tracker, records={},
         no_cache=False, reused=set(), prepared=SimpleNamespace(spec=SimpleNamespace(candidate="c")))
-    stage = SimpleNamespace(name="w4-repair", kind="repair", parent="baseline")
+    stage = SimpleNamespace(name="w4-repair", kind="repair", parent="baseline",
+                            checkpoint=tmp_path / "repairs" / "int8-channel-dequant")
     got = measure_one(stage, run)
     assert (got.name, got.kind, got.parent) == ("w4-repair", "repair", "baseline")
+    # Its engine command names its own checkpoint (the same bytes), as its verdict shows it.
+    assert got.facts.model == str(stage.checkpoint) and "w8" not in got.facts.command
+    assert got.facts.command[got.facts.command.index("--model") + 1] == str(stage.checkpoint)
     stored = StageRecord.read(tmp_path / "run" / "w4-repair")
     assert (stored.name, stored.kind) == ("w4-repair", "repair")
     assert stored.quality == measured.quality and run.manifest.reused == {"w4-repair": "k"}
