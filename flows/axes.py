@@ -219,4 +219,3 @@ def weight_mix(config: dict[str, Any]) -> dict[str, float] | None:
     if len(totals) < 2:
         return None
     return {fmt: round(count / sum(totals.values()), 6) for fmt, count in sorted(totals.items())}
-
