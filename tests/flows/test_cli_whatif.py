@@ -129,3 +129,34 @@ def test_an_unknown_gpu_slo_in_a_profile_is_refused_by_name():
         LoadProfile.model_validate({"high_users": 4, "prompt_tokens": 64, "output_tokens": 16,
                                     "requests": 10,
                                     "gpu_slo": "h100"})
+
+
+def test_a_mixed_checkpoint_in_a_spec_is_predicted_on_each_formats_share(tmp_path):
+    """A repair-shaped checkpoint (INT4 with every down_proj kept in INT8) is predicted from its
+    mix, between plain INT4 and plain INT8, not refused for naming two formats."""
+    from tests.flows.checkpoints import compressed_tensors, int_args, make_checkpoint
+
+    mixed = compressed_tensors(int_args(4, "group", 128))
+    mixed["config_groups"]["group_1"] = {"targets": [r"re:.*\.down_proj$"],
+                                         "weights": int_args(8, "channel"),
+                                         "input_activations": None, "output_activations": None}
+    folders = {name: make_checkpoint(tmp_path / name, qc) for name, qc in (
+        ("bf16", None), ("int4", compressed_tensors(int_args(4, "group", 128))), ("mixed", mixed),
+        ("int8", compressed_tensors(int_args(8, "channel"))))}
+    for folder in folders.values():
+        config = folder / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({
+        "candidate": "mixed", "baseline": {"checkpoint": str(folders["bf16"])},
+        "stages": [{"name": name, "kind": "weights", "parent": "baseline",
+                    "checkpoint": str(folders[name])} for name in ("int4", "mixed", "int8")],
+        "evalsets": [{"name": "math", "limit": 60}]}))
+    result = runner.invoke(app, ["whatif", str(spec), "--gpu", "h100-sxm"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "mixed weights: int4/group128 on" in result.output and "int8/channel on" in result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines()
+            if line.count("│") > 4}
+    # Decode streams the weights: the one-user TPOT lies between the two plain formats'.
+    tpot = {name: float(rows[name].split("│")[4]) for name in ("int4", "mixed", "int8")}
+    assert tpot["int4"] < tpot["mixed"] < tpot["int8"], tpot
