@@ -6,9 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra.errors import SpecError, did_you_mean
+from infra.errors import QuantgateError, SpecError, did_you_mean
 from infra.quant_config import quantization_config_problem, quantization_problem
-from infra.weight_mix import decoder_matmuls, module_groups
 
 AXES = ("weights", "activations", "kv_cache")
 
@@ -206,10 +205,13 @@ def weight_mix(config: dict[str, Any]) -> dict[str, float] | None:
         "quantization_config") or {}
     if str(qc.get("quant_method", "")).lower() != "compressed-tensors":
         return None
+    from gates.whatif.mix import decoder_matmuls, module_groups
+    from gates.whatif.shape import ModelShape
+
     try:
-        counts = decoder_matmuls(config)
-        groups = module_groups(qc, config)
-    except (KeyError, TypeError, ValueError):  # not a Llama-family shape, a bad pattern
+        shape = ModelShape.from_config(config)
+        counts, groups = decoder_matmuls(shape), module_groups(qc, shape)
+    except (QuantgateError, TypeError, ValueError):  # not a dense decoder shape, a bad pattern
         return None
     bodies = qc.get("config_groups") or {}
     totals: dict[str, int] = {}

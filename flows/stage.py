@@ -64,7 +64,7 @@ def measure_one(stage: Stage, run: RunContext) -> StageRecord:
                             record.measured_in)
                 record.name, record.kind, record.parent = stage.name, stage.kind, stage.parent
                 if record.facts is not None:
-                    record.facts = serving(record.facts, stage.checkpoint)
+                    record.facts = record.facts.serving(stage.checkpoint)
                 record.save(folder)
         else:
             try:
@@ -79,17 +79,6 @@ def measure_one(stage: Stage, run: RunContext) -> StageRecord:
                 cache.store(keys[stage.name], parts[stage.name], folder)
         tracker.log_stage(record, folder, cached=stage.name in run.reused)
     return record
-
-
-def serving(facts: EngineFacts, checkpoint: Path) -> EngineFacts:
-    """The facts of an engine as it serves the same bytes from `checkpoint` (a stage that takes
-    another stage's measurement: the cache key holds the content, not the folder): the served
-    model and the command name `checkpoint` where they named the other folder."""
-    if facts.model not in facts.command:
-        return facts
-    return facts.model_copy(update={
-        "model": str(checkpoint),
-        "command": [str(checkpoint) if arg == facts.model else arg for arg in facts.command]})
 
 
 def measure_stage(stage: Stage, run: RunContext, keep: bool = False) -> StageRecord:
@@ -110,15 +99,20 @@ def measure_stage(stage: Stage, run: RunContext, keep: bool = False) -> StageRec
     return record
 
 
-def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
+def new_record(stage: Stage, **fields) -> StageRecord:
+    """A stage's record before anything is measured: what is served, read from its checkpoint
+    (its shape and, for a mixed checkpoint, each weight format's share) and its plan."""
+    config = read_config(stage.checkpoint)
     return StageRecord(
         name=stage.name, kind=stage.kind, parent=stage.parent,
         axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
-        changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
-        weight_mix=weight_mix(read_config(stage.checkpoint)),
-        request_options=stage.request_options or None,
-        error=f"not measured: its parent {parent.name} did not finish ({parent.error})"[:2000],
-    )
+        changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(config),
+        weight_mix=weight_mix(config), request_options=stage.request_options or None, **fields)
+
+
+def not_measured(stage: Stage, parent: StageRecord) -> StageRecord:
+    return new_record(stage, error=f"not measured: its parent {parent.name} did not finish "
+                      f"({parent.error})"[:2000])
 
 
 def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings,
@@ -132,13 +126,7 @@ def run_stage(stage: Stage, prepared: Prepared, folder: Path, settings: Settings
 
     logger = get_run_logger()
     started, clock = time.monotonic(), {}
-    record = StageRecord(
-        name=stage.name, kind=stage.kind, parent=stage.parent,
-        axes=stage.axes.model_dump(exclude={"emulated"}), emulated=stage.axes.emulated,
-        changed=stage.changed, fingerprint=stage.fingerprint(), shape=model_shape(stage.checkpoint),
-        weight_mix=weight_mix(read_config(stage.checkpoint)),
-        request_options=stage.request_options or None,
-    )
+    record = new_record(stage)
     spec = prepared.spec
     engine = engine_class(spec.engine.kind)(
         spec_port_free(spec, kept, prepared.placement, stage.name), stage.checkpoint,

@@ -274,9 +274,8 @@ SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size",
               "text_config", "max_position_embeddings", "torch_dtype", "dtype")
 
 
-def model_shape(checkpoint: Path) -> dict[str, Any]:
-    """The config.json keys that describe the model's shape (not its quantization)."""
-    config = read_config(checkpoint)
+def model_shape(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a config.json that describe the model's shape (not its quantization)."""
     return {key: config[key] for key in SHAPE_KEYS if key in config}
 
 

@@ -77,6 +77,16 @@ class EngineFacts(BaseModel):
               else "KV capacity not reported")
         return f"{ready}, {kv}"
 
+    def serving(self, checkpoint: Path) -> EngineFacts:
+        """These facts for the same engine serving the same bytes from `checkpoint` (a stage that
+        takes another stage's measurement: the cache key holds the content, not the folder): the
+        served model and the command name `checkpoint` where they named the other folder."""
+        if self.model not in self.command:
+            return self
+        return self.model_copy(update={
+            "model": str(checkpoint),
+            "command": [str(checkpoint) if arg == self.model else arg for arg in self.command]})
+
     def command_line(self) -> str:
         """The command as one shell line, environment first, ready to paste."""
         import shlex

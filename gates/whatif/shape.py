@@ -54,11 +54,20 @@ class ModelShape(BaseModel):
         )
 
     @property
+    def layer_matmuls(self) -> dict[str, int]:
+        """Weights of each of one layer's matmuls, by its module name under model.layers.N (as
+        Hugging Face names a Llama-family layer's)."""
+        attention, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        mlp = self.hidden_size * self.intermediate_size
+        return {"self_attn.q_proj": self.hidden_size * attention,
+                "self_attn.k_proj": self.hidden_size * kv, "self_attn.v_proj": self.hidden_size * kv,
+                "self_attn.o_proj": attention * self.hidden_size,
+                "mlp.gate_proj": mlp, "mlp.up_proj": mlp, "mlp.down_proj": mlp}
+
+    @property
     def layer_linear_params(self) -> int:
         """Weights of one layer's matmuls: q, k, v, o and the gated MLP (norms, biases left out)."""
-        q_and_o = 2 * self.hidden_size * self.num_heads * self.head_dim
-        k_and_v = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
-        return q_and_o + k_and_v + 3 * self.hidden_size * self.intermediate_size
+        return sum(self.layer_matmuls.values())
 
     @property
     def body_params(self) -> int:

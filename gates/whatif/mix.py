@@ -12,23 +12,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-# A Llama-family decoder layer's matmuls, as Hugging Face names them under model.layers.N.
-MATMULS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+from gates.whatif.shape import ModelShape
 
 
-def decoder_matmuls(config: Mapping[str, Any]) -> dict[str, int]:
-    """Each decoder matmul's module name and weight count, from config.json's shape keys."""
-    config = config.get("text_config") or config
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    inner = int(config["intermediate_size"])
-    sizes = dict(zip(MATMULS, (hidden * heads * head_dim, hidden * kv_heads * head_dim,
-                               hidden * kv_heads * head_dim, heads * head_dim * hidden,
-                               hidden * inner, hidden * inner, inner * hidden), strict=True))
+def decoder_matmuls(shape: ModelShape) -> dict[str, int]:
+    """Each decoder matmul's module name and weight count."""
     return {f"model.layers.{layer}.{name}": count
-            for layer in range(int(config["num_hidden_layers"])) for name, count in sizes.items()}
+            for layer in range(shape.num_layers) for name, count in shape.layer_matmuls.items()}
 
 
 def _matches(name: str, target: str) -> int | None:
@@ -43,13 +33,13 @@ def _matches(name: str, target: str) -> int | None:
     return 2 if target == "Linear" else None
 
 
-def module_groups(qc: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, str | None]:
+def module_groups(qc: Mapping[str, Any], shape: ModelShape) -> dict[str, str | None]:
     """Each decoder matmul's config group (None: left in the model's dtype). ValueError when a
     group names a module (exactly or by pattern) that is none of this model's decoder matmuls:
     the config was written for other module names, and where its formats go is unknown."""
     groups = qc.get("config_groups") or {}
     ignore = qc.get("ignore") or []
-    names = list(decoder_matmuls(config))
+    names = list(decoder_matmuls(shape))
     for body in groups.values():
         for target in body.get("targets") or []:
             if target != "Linear" and not any(_matches(name, target) is not None for name in names):

@@ -1,11 +1,12 @@
-"""Where a mixed compressed-tensors checkpoint puts each format (infra.weight_mix, flows.axes)."""
+"""Where a mixed compressed-tensors checkpoint puts each format (gates.whatif.mix, flows.axes)."""
 
 from __future__ import annotations
 
 import pytest
 
 from flows.axes import weight_mix
-from infra.weight_mix import decoder_matmuls, module_groups
+from gates.whatif.mix import decoder_matmuls, module_groups
+from gates.whatif.shape import ModelShape
 
 # SmolLM2-135M's shape: 30 layers, hidden 576, 9 heads and 3 KV heads of 64, MLP 1536.
 SHAPE = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -22,7 +23,7 @@ def config(groups: dict, ignore: list[str] | None = None) -> dict:
 
 
 def test_each_decoder_matmul_is_counted_once_with_its_weights():
-    counts = decoder_matmuls(SHAPE)
+    counts = decoder_matmuls(ModelShape.from_config(SHAPE))
     assert len(counts) == 30 * 7 and sum(counts.values()) == 30 * LAYER
     assert counts["model.layers.0.self_attn.k_proj"] == 576 * 192
 
@@ -32,7 +33,7 @@ def test_an_exact_name_beats_a_pattern_which_beats_linear_and_ignore_beats_all()
                  "b": {"targets": [r"re:.*\.down_proj$"], "weights": INT8},
                  "c": {"targets": ["model.layers.3.mlp.down_proj"], "weights": INT8}},
                 ignore=["lm_head", r"re:model\.layers\.29\..*"])["quantization_config"]
-    groups = module_groups(qc, SHAPE)
+    groups = module_groups(qc, ModelShape.from_config(SHAPE))
     assert groups["model.layers.0.self_attn.q_proj"] == "a"
     assert groups["model.layers.0.mlp.down_proj"] == "b"
     assert groups["model.layers.3.mlp.down_proj"] == "c"
