@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra.errors import QuantgateError, SpecError, did_you_mean
+from infra.kv_axis import with_skipped
 from infra.quant_config import quantization_config_problem, quantization_problem
 
 AXES = ("weights", "activations", "kv_cache")
@@ -69,7 +70,8 @@ class Axes(BaseModel):
     weights: str = Field(description="e.g. 'none', 'int8/channel', 'int4/group64'.")
     activations: str = Field(description="e.g. 'none', 'int8/token/dynamic'.")
     kv_cache: str = Field(description="'auto' (model dtype) or an fp8 variant, '/calibrated' "
-                          "when the checkpoint carries its scales.")
+                          "when the checkpoint carries its scales, '/skip:0,3' when those "
+                          "layers keep the model dtype (infra.kv_axis).")
     emulated: bool = Field(
         default=False,
         description="Weights were quantized then dequantized to bf16: quality is real, speed is not.",
@@ -138,6 +140,23 @@ def checkpoint_axes(qc: dict[str, Any]) -> tuple[str, str, str | None]:
     )
 
 
+def _skipped_layers(config: dict[str, Any], engine_flags: dict[str, Any], kv_axis: str) -> list[int]:
+    """engine_flags.kv_cache_dtype_skip_layers, checked against the cache and the model's layers."""
+    skipped = list(engine_flags.get("kv_cache_dtype_skip_layers") or [])
+    if skipped and kv_axis == "auto":
+        raise SpecError("kv_cache_dtype_skip_layers keeps some layers' KV cache in the model dtype, "
+                        "but kv_cache_dtype is auto (nothing is quantized); set kv_cache_dtype too")
+    layers = (config.get("text_config") or config).get("num_hidden_layers")
+    beyond = [layer for layer in skipped if layers is not None and layer >= layers]
+    if beyond:
+        raise SpecError(f"kv_cache_dtype_skip_layers {beyond}: the model has {layers} decoder "
+                        f"layers (0-{layers - 1})")
+    if layers is not None and len(set(skipped)) >= layers:
+        raise SpecError("kv_cache_dtype_skip_layers names every decoder layer: nothing would be "
+                        "quantized; set kv_cache_dtype auto instead")
+    return skipped
+
+
 def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: str = "cpu") -> Axes:
     """Axes from a checkpoint's config.json and the engine flags it is served with, as the
     `device`'s vLLM build serves them ('cpu' or 'cuda')."""
@@ -193,6 +212,7 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: st
             f"the checkpoint declares a quantized KV cache ({kv_cache}, kv_cache_scheme) but "
             "kv_cache_dtype is auto, which vLLM serves in the model dtype; set "
             "engine_flags.kv_cache_dtype (fp8) on this stage")
+    kv_axis = with_skipped(kv_axis, _skipped_layers(config, engine_flags, kv_axis))
     return Axes(weights=weights, activations=activations, kv_cache=kv_axis, emulated=bool(emulation))
 
 

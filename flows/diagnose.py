@@ -189,7 +189,9 @@ def diagnose_stage(
                 _repairs(model, corpus, record.axes["weights"], layer_group, diagnosis,
                          policy, cost, say, started)
         if "kv_cache" in measured:
-            _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
+            per_layer = _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
+            _kv_repairs(model, corpus, record.axes, measured["kv_cache"], per_layer, diagnosis,
+                        policy, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)
     diagnosis.save(results_dir / stage)
     return diagnosis
@@ -227,36 +229,51 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
                 held.enter_context(sensitivity.quantized(
                     model, kept, sensitivity.parse_format(option.kept_as)))
             measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
-        option.mean_kl, option.ci_low, option.ci_high = (measured.mean_kl, measured.ci_low,
-                                                         measured.ci_high)
-        option.target = repair.target_kl(policy, precision_class({"weights": option.weights}))[0]
-        diagnosis.repairs = sorted([*diagnosis.repairs, option], key=lambda o: o.bytes)
-        say(f"{diagnosis.stage}: repair {option.name}: KL {option.mean_kl:.4f} "
-            f"[{option.ci_low:.4f}, {option.ci_high:.4f}] ({time.monotonic() - started:.0f}s)")
-        return repair.passes(option)
+        target = repair.target_kl(policy, precision_class({"weights": option.weights}))[0]
+        return _measured(diagnosis, option, measured, target, say, started)
 
     best: repair.RepairOption | None = None
     for family in repair.families(repair.options(params, failed, layers, kinds)):
         # Within a family the loss falls as bytes rise: bisect for its cheapest passing option,
         # among those cheaper than the best found so far.
-        cheaper = [o for o in family if best is None or o.bytes < best.bytes]
-        if not cheaper or not passes(cheaper[-1]):
-            continue
-        low, high = 0, len(cheaper) - 1
-        while low < high:  # cheaper[high] passes
-            middle = (low + high) // 2
-            if passes(cheaper[middle]):
-                high = middle
-            else:
-                low = middle + 1
-        best = cheaper[high]
+        best = _cheapest_passing([o for o in family if best is None or o.bytes < best.bytes],
+                                 passes) or best
     diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
 
 
+def _measured(diagnosis: Diagnosis, option, measured: GroupCost, target: float,
+              say: Callable[[str], None], started: float) -> bool:
+    """An option's emulated KL and target kept with the diagnosis's options (cheapest first);
+    whether its interval lies under the target."""
+    option.mean_kl, option.ci_low, option.ci_high = (measured.mean_kl, measured.ci_low,
+                                                     measured.ci_high)
+    option.target = target
+    diagnosis.repairs = sorted([*diagnosis.repairs, option], key=lambda o: o.bytes)
+    say(f"{diagnosis.stage}: repair {option.name}: KL {option.mean_kl:.4f} "
+        f"[{option.ci_low:.4f}, {option.ci_high:.4f}] ({time.monotonic() - started:.0f}s)")
+    return repair.passes(option)
+
+
+def _cheapest_passing(family: list, passes: Callable[[object], bool]):
+    """The cheapest option of a family (cheapest first, the loss falling as bytes rise) that
+    passes, by bisection; None, for one forward, when its dearest fails."""
+    if not family or not passes(family[-1]):
+        return None
+    low, high = 0, len(family) - 1
+    while low < high:  # family[high] passes
+        middle = (low + high) // 2
+        if passes(family[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return family[high]
+
+
 def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.KvFormat,
-        diagnosis: Diagnosis, cost: Callable, say: Callable[[str], None], started: float) -> None:
+        diagnosis: Diagnosis, cost: Callable, say: Callable[[str], None],
+        started: float) -> dict[int, float]:
     """K alone vs V alone (all layers, per layer, per head in the costliest layers) and the
-    offset statistic per layer and KV head."""
+    offset statistic per layer and KV head; each layer's cost (K or V, whichever is more)."""
     keys, values = sensitivity.kv_offsets(model, corpus)
     k_share, v_share = keys.bias_share(BIAS_RATIO), values.bias_share(BIAS_RATIO)
     k_energy, v_energy = keys.offset_energy(), values.offset_energy()
@@ -284,6 +301,36 @@ def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.K
         with sensitivity.kv_quantized(model, group, fmt):
             kl = sensitivity.kl_per_position(model, corpus)
         diagnosis.costs.append(cost(group.name, "kv_head", kl))
+    return per_layer
+
+
+def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict[str, str],
+                fmt: sensitivity.KvFormat, per_layer: dict[int, float], diagnosis: Diagnosis,
+                policy: GatePolicy, cost: Callable, say: Callable[[str], None],
+                started: float) -> None:
+    """The fewest costliest layers (`per_layer`: K or V alone, whichever costs more) whose
+    cache kept in the model dtype brings the emulated KL interval under its target: a bisection
+    over 1, 2, 3, 4, 6, ... layers (gates.repair.kv_options), what vLLM serves with
+    --kv-cache-dtype-skip-layers."""
+    ranking = sorted(per_layer, key=lambda layer: (-per_layer[layer], layer))
+    shape = repair.KvShape(**sensitivity.kv_shape(model))
+    target, why = repair.target_kl(policy, precision_class(axes))
+    diagnosis.repair_target, diagnosis.repair_target_why = target, why
+    diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, fmt.skipped)
+    everything = tuple(range(model.layers))
+    with sensitivity.kv_quantized(model, sensitivity.KvGroup("failed", everything, True, True), fmt):
+        diagnosis.costs.append(cost("K and V all layers", "kv_all",
+                                    sensitivity.kl_per_position(model, corpus)))
+
+    def passes(option: repair.KvRepairOption) -> bool:
+        kept = sensitivity.KvFormat(fmt.dtype, fmt.scale, tuple(option.skip_layers))
+        with sensitivity.kv_quantized(model, sensitivity.KvGroup("repair", everything, True, True),
+                                      kept):
+            measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
+        return _measured(diagnosis, option, measured, target, say, started)
+
+    _cheapest_passing(repair.kv_options(shape, axes["kv_cache"], ranking), passes)
+    diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
 
 
 def diagnose_failed(results_dir: Path, verdict: Verdict, records: list[StageRecord],

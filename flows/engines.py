@@ -17,6 +17,7 @@ from flows.spec import Spec
 from infra.checkpoint import read_config, weight_bytes
 from infra.engine import Engine, EngineFacts, engine_class
 from infra.keeping import keep_up
+from infra.kv_axis import quantized_share
 from infra.placement import EngineNeed, Gpu, Placement, declared_gpus, host_gpus, plan_placement
 from infra.ports import free_port, port_free
 
@@ -103,8 +104,10 @@ def kv_bytes_per_token(checkpoint: Path, kv_cache: str, dtype: str) -> int:
     heads = text.get("num_attention_heads") or 1
     kv_heads = text.get("num_key_value_heads") or heads
     head_dim = text.get("head_dim") or text.get("hidden_size", 0) // heads
-    element = 1 if kv_cache.startswith("fp8") else (4 if dtype in ("float", "float32") else 2)
-    return 2 * text.get("num_hidden_layers", 0) * kv_heads * head_dim * element
+    layers = text.get("num_hidden_layers", 0)
+    full = 4 if dtype in ("float", "float32") else 2
+    share = quantized_share(kv_cache, layers) if kv_cache.startswith("fp8") else 0.0
+    return round(2 * layers * kv_heads * head_dim * (share * 1 + (1 - share) * full))
 
 
 def kv_tokens_needed(profile, max_model_len: int | None) -> int:

@@ -52,7 +52,7 @@ class Stage(BaseModel):
     def fingerprint(self) -> str:
         """Identifies what is served, for the sign-off: the weights and config by content (not
         by path) and the engine flags."""
-        flags = json.dumps(self.engine_flags.model_dump(), sort_keys=True).encode()
+        flags = json.dumps(self.engine_flags.identity(), sort_keys=True).encode()
         weights = checkpoint_digest(self.checkpoint).encode()
         return hashlib.sha256(weights + flags).hexdigest()[:16]
 

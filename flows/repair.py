@@ -2,11 +2,13 @@
 served as a stage of the same run.
 
 The diagnosis (flows/diagnose.py) emulated the repair options cheapest first and chose the first
-whose KL interval lies under the target (gates.repair). Here that configuration is made with LLM
-Compressor (infra.demo_models.make_repair, in its own venv: the compressed checkpoint and its
-dequantized twin), added to the run as a stage of kind `repair` whose parent is the failed stage's
-parent, measured like any stage (flows/stage.py: quality, divergence, load against its parent)
-and judged on its own chain (gates.decide.repair_verdicts); the candidate's decision stands.
+whose KL interval lies under the target (gates.repair). Here a weights configuration is made with
+LLM Compressor (infra.demo_models.make_repair, in its own venv: the compressed checkpoint and its
+dequantized twin), and a KV-cache one is the failed stage's engine flags with
+kv_cache_dtype_skip_layers; either is added to the run as a stage of kind `repair` whose parent
+is the failed stage's parent, measured like any stage (flows/stage.py: quality, divergence, load
+against its parent) and judged on its own chain (gates.decide.repair_verdicts); the candidate's
+decision stands.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from flows.summary import stage_summary
 from flows.tracking import Tracker
 from gates.diagnosis import Diagnosis
 from gates.record import RunManifest, StageRecord
+from gates.repair import KvRepairOption
 from infra.checkpoint import check_checkpoint
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.demo_models import make_repair
@@ -53,6 +56,24 @@ def _with_stage(prepared: Prepared, name: str, failed: StageRecord, checkpoint: 
         name=name, kind="repair", parent=failed.parent, checkpoint=checkpoint)]})
     repaired = copy.copy(prepared)
     repaired.spec, repaired.stages = spec, plan(spec)
+    return repaired
+
+
+def _kv_served(prepared: Prepared, name: str, failed: str, option: KvRepairOption) -> Prepared:
+    """The run's plan with a KV repair stage: the failed stage's checkpoint and cache format,
+    its costliest layers' cache kept in the model dtype (--kv-cache-dtype-skip-layers)."""
+    stage = next(s for s in prepared.stages if s.name == failed)
+    flags = stage.engine_flags.model_copy(
+        update={"kv_cache_dtype_skip_layers": option.skip_layers})
+    spec = prepared.spec.model_copy(update={"stages": [*prepared.spec.stages, StageSpec(
+        name=name, kind="repair", parent=stage.parent, checkpoint=stage.checkpoint,
+        engine_flags=flags)]})
+    repaired = copy.copy(prepared)
+    repaired.spec, repaired.stages = spec, plan(spec)
+    axes = repaired.stages[-1].axes
+    if spec.engine.serving_device() == "cpu":
+        check_cpu_servable(name, axes.weights, axes.activations, axes.kv_cache, axes.emulated,
+                           cpu_flags())
     return repaired
 
 
@@ -90,11 +111,14 @@ def repair_stages(prepared: Prepared, results_dir: Path, settings: Settings, no_
             continue
         stage_name = f"{failed}-repair"
         try:
-            twin = make_repair(baseline.checkpoint, settings.results_dir.resolve() / FOLDER,
-                               repair_name(baseline.checkpoint, diagnosis),
-                               diagnosis.repair.model_dump(include={"weights", "kept_layers",
-                                                                    "kept_kinds", "kept_as"}))
-            repaired, why = _served(prepared, stage_name, by_name[failed], twin)
+            if isinstance(diagnosis.repair, KvRepairOption):  # engine flags: nothing to build
+                repaired, why = _kv_served(prepared, stage_name, failed, diagnosis.repair), ""
+            else:
+                twin = make_repair(baseline.checkpoint, settings.results_dir.resolve() / FOLDER,
+                                   repair_name(baseline.checkpoint, diagnosis),
+                                   diagnosis.repair.model_dump(include={
+                                       "weights", "kept_layers", "kept_kinds", "kept_as"}))
+                repaired, why = _served(prepared, stage_name, by_name[failed], twin)
         except QuantgateError as err:
             log.warning("no repair of stage %s: %s", failed, err)
             continue

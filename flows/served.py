@@ -9,6 +9,7 @@ from typing import Any
 from flows.axes import CALIBRATED, KV_CACHE_DTYPES, ONLINE_QUANTIZATION, checkpoint_axes
 from flows.plan import Stage
 from infra.errors import EngineError, SpecError
+from infra.kv_axis import split_skipped
 from infra.vllm_facts import CONFIG_KEYS, engine_config  # noqa: F401 (engine_config: tests)
 
 # Methods vLLM swaps in for a checkpoint's own (faster kernels, same numbers).
@@ -27,6 +28,7 @@ class Served:
 
     model_root: str | None = None  # /v1/models "root": the model path it loaded
     cache_dtype: str | None = None  # /metrics vllm:cache_config_info cache_dtype
+    cache_skip_layers: list[int] | None = None  # its kv_cache_dtype_skip_layers (None: unsaid)
     config: dict[str, str] = field(default_factory=dict)  # the start-up log's engine config
     config_from: str = "its start-up log"  # where `config` was read, for the messages
     # Why `config` lacks keys, with {missing} for them (the engine kind's config_source()).
@@ -69,11 +71,16 @@ def mismatches(stage: Stage, served: Served, checkpoint_config: dict[str, Any],
     serves what the axes say. `dtype`: engine.dtype (None: not checked). An external engine is
     judged on what it exposes (/metrics); quantgate's own vLLM must also show its start-up log."""
     name, axes, problems = stage.name, stage.axes, []
+    kv_axis, skipped = split_skipped(axes.kv_cache)
     kv = served.cache_dtype or served.config.get("kv_cache_dtype")
-    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != axes.kv_cache.removesuffix(CALIBRATED):
+    if kv is not None and KV_CACHE_DTYPES.get(kv, kv) != kv_axis.removesuffix(CALIBRATED):
         problems.append(f"stage {name} serves kv_cache {KV_CACHE_DTYPES.get(kv, kv)} "
                         f"but its axes say {axes.kv_cache}")
-    if axes.kv_cache.endswith(CALIBRATED) and served.config.get("kv_scales") == "1.0":
+    if served.cache_skip_layers is not None and sorted(served.cache_skip_layers) != list(skipped):
+        problems.append(f"stage {name} keeps the model dtype on KV layers "
+                        f"{sorted(served.cache_skip_layers) or 'none'} but its axes say "
+                        f"{axes.kv_cache}")
+    if kv_axis.endswith(CALIBRATED) and served.config.get("kv_scales") == "1.0":
         problems.append(f"stage {name} serves its KV cache on vLLM's default scales 1.0 "
                         f"({served.config_from}) but its axes say {axes.kv_cache}: the "
                         "checkpoint's kv_cache_scheme scales were not loaded")
@@ -124,7 +131,7 @@ def observe(facts, engine_spec, log_path: Path | None) -> Served:
     from infra.probe import model_entry
 
     if log_path is None or not engine_spec.reports_config:
-        return Served(cache_dtype=facts.kv_cache_dtype)
+        return Served(cache_dtype=facts.kv_cache_dtype, cache_skip_layers=facts.kv_cache_skip_layers)
     try:
         root = model_entry(facts.base_url, facts.model).get("root")
     except (httpx.HTTPError, ValueError) as err:
@@ -132,6 +139,7 @@ def observe(facts, engine_spec, log_path: Path | None) -> Served:
     log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
     kind = engine_class(engine_spec.kind)
     return Served(model_root=root, cache_dtype=facts.kv_cache_dtype,
+                  cache_skip_layers=facts.kv_cache_skip_layers,
                   config=kind.served_config(facts, log_text), config_from=kind.config_from,
                   unreadable=engine_spec.config_source())
 

@@ -49,12 +49,23 @@ class EngineFlags(Strict):
     kv_cache_dtype: str | None = Field(default=None, description="The engine's --kv-cache-dtype.")
     quantization: str | None = Field(default=None,
                                      description="The engine's --quantization (online).")
+    kv_cache_dtype_skip_layers: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="Decoder layers whose KV cache stays in the model dtype while the others use "
+        "kv_cache_dtype (vLLM's --kv-cache-dtype-skip-layers): the kv_cache axis names them "
+        "('fp8_e4m3/skip:0,3'). A KV repair sets it on the layers its diagnosis found costliest.")
     extra_args: list[str] = Field(
         default_factory=list,
         description="More engine CLI arguments; none that sets an axis or a typed field (vLLM's "
         "REFUSED_FLAGS, and the engine kind's own).")
 
     check_extra_args = field_validator("extra_args")(_check_stage_args)
+
+    def identity(self) -> dict:
+        """The flags as a served configuration's fingerprint reads them: no layer skipped is
+        left out, so a stage's fingerprint is the one it had before the field existed."""
+        return self.model_dump(exclude=set() if self.kv_cache_dtype_skip_layers
+                               else {"kv_cache_dtype_skip_layers"})
 
 
 def _engine_kind(value: object) -> str | None:

@@ -19,6 +19,7 @@ from gates.record import (
     StageRecord,
     StoredRecordError,
 )
+from gates.repair import KvRepairOption
 from gates.verdict import Check, RepairVerdict, RollbackPlan, StageVerdict, Verdict
 from infra.errors import QuantgateError, did_you_mean
 
@@ -262,10 +263,14 @@ def repair_verdicts(candidate: str, records: list[StageRecord], policy: GatePoli
         compared = [r for r in (by_name[stage], by_name.get(failed), chain(records, stage)[0])
                     if r is not None]
         tpot = {r.name: one_user_tpot_ms(r) for r in compared}
+        kv = isinstance(diagnosis.repair, KvRepairOption)
+        sizes = ({"kv_bytes_per_token": diagnosis.repair.bytes,
+                  "failed_kv_bytes_per_token": diagnosis.kv_bytes_per_token} if kv else
+                 {"weight_bytes": diagnosis.repair.bytes,
+                  "failed_weight_bytes": diagnosis.weight_bytes})
         found.append(RepairVerdict(
             stage=stage, repairs=failed, configuration=diagnosis.repair.name,
-            decision=verdict.decision, reasons=verdict.reasons,
-            weight_bytes=diagnosis.repair.bytes, failed_weight_bytes=diagnosis.weight_bytes,
+            decision=verdict.decision, reasons=verdict.reasons, **sizes,
             predicted_on=DEFAULT_GPUS[0],
             tpot_ms={name: round(ms, 4) for name, ms in tpot.items() if ms is not None},
             command=facts.command_line() if facts else None))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gates.repair import RepairOption, passes
+from gates.repair import KvRepairOption, RepairOption, passes
 from infra.stored import StoredRecordError
 
 FILE = "diagnosis.json"
@@ -30,7 +30,8 @@ class GroupCost(BaseModel):
     name: str = Field(description="e.g. 'layer 3', 'layers 0-9', 'down_proj', 'K layer 0', "
                       "'K layer 0 head 2'.")
     sweep: str = Field(description="'all', 'layer', 'module', 'layer_module' (one kind of one "
-                       "of the costliest layer groups), 'kv', 'kv_layer' or 'kv_head'.")
+                       "of the costliest layer groups), 'kv', 'kv_layer', 'kv_head', 'kv_all' "
+                       "(K and V of every layer: the failed cache) or 'repair'.")
     mean_kl: float
     ci_low: float
     ci_high: float
@@ -67,12 +68,15 @@ class Diagnosis(BaseModel):
     repair_target: float | None = Field(
         None, description="The emulated KL a repair must stay under (gates.repair.target_kl).")
     repair_target_why: str = ""
-    repairs: list[RepairOption] = Field(
-        default_factory=list, description="The options measured, cheapest first.")
-    repair: RepairOption | None = Field(
+    repairs: list[RepairOption | KvRepairOption] = Field(
+        default_factory=list, description="The options measured, cheapest first (a KV stage's: "
+        "its cache kept in the model dtype on its costliest layers).")
+    repair: RepairOption | KvRepairOption | None = Field(
         None, description="The cheapest option whose KL interval lies under the target: what is "
-        "built and served as the repair stage.")
+        "built (or served with engine flags) as the repair stage.")
     weight_bytes: int | None = Field(None, description="The failed configuration's weight bytes.")
+    kv_bytes_per_token: int | None = Field(
+        None, description="A KV stage's: the failed cache's bytes per token (gates.repair.kv_bytes).")
     repair_stage: str | None = Field(None, description="The stage that served the repair.")
     repair_why: str = Field("", description="Why that option (gates.repair.chosen).")
     seconds: float = 0.0
@@ -135,11 +139,11 @@ def _separated(costs: list[GroupCost]) -> list[GroupCost]:
 def summary(diagnosis: Diagnosis) -> list[str]:
     """Sentences for the rollback section, each with its numbers."""
     lines = []
-    everything = diagnosis.sweep("all")
-    if everything:
-        whole = everything[0]
-        lines.append(f"All groups quantized at once: KL {whole.mean_kl:.4f} "
-                     f"[{whole.ci_low:.4f}, {whole.ci_high:.4f}] nats/token (full vocabulary).")
+    for sweep, what in (("all", "All groups quantized at once"),
+                        ("kv_all", "The whole KV cache quantized (K and V, every layer)")):
+        for whole in diagnosis.sweep(sweep):
+            lines.append(f"{what}: KL {whole.mean_kl:.4f} [{whole.ci_low:.4f}, "
+                         f"{whole.ci_high:.4f}] nats/token (full vocabulary).")
     layers, modules = diagnosis.sweep("layer"), diagnosis.sweep("module")
     if layers:
         lines.append(f"Per layer group (share of the summed per-group KL): {_ranked(layers, 5)}.")
@@ -206,10 +210,12 @@ def repair_lines(diagnosis: Diagnosis) -> list[str]:
     """What the repair search measured and chose, bytes against the failed configuration's."""
     if diagnosis.repair_target is None or not diagnosis.repairs:
         return []
-    failed = diagnosis.weight_bytes or 0
+    kv = isinstance(diagnosis.repairs[0], KvRepairOption)
+    failed = (diagnosis.kv_bytes_per_token if kv else diagnosis.weight_bytes) or 0
 
     def cost(option) -> str:
-        extra = f", {option.bytes / failed - 1:+.1%} bytes" if failed else ""
+        extra = (f", {option.bytes / failed - 1:+.1%} {'KV ' if kv else ''}bytes" if failed
+                 else "")
         return (f"{option.name}: KL {option.mean_kl:.4f} [{option.ci_low:.4f}, "
                 f"{option.ci_high:.4f}]{extra}")
 
@@ -222,10 +228,14 @@ def repair_lines(diagnosis: Diagnosis) -> list[str]:
              f"target: {'; '.join(passing) or 'none'}"
              + (f"; the dearest cheaper one over it: {cost(max(cheaper, key=lambda o: o.bytes))}"
                 if cheaper else "") + "."]
-    if diagnosis.repair is not None:
+    why = diagnosis.repair_why or "the cheapest option under its target"
+    if diagnosis.repair is not None and kv:
+        lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes:,} KV "
+                     f"bytes a token against {failed:,}; served with "
+                     f"--kv-cache-dtype-skip-layers): {why}.")
+    elif diagnosis.repair is not None:
         lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes / 2**20:.1f}"
-                     f" MiB of weights against {failed / 2**20:.1f} MiB): "
-                     f"{diagnosis.repair_why or 'the cheapest option under its target'}.")
+                     f" MiB of weights against {failed / 2**20:.1f} MiB): {why}.")
     else:
         lines.append("No option measured lies under its target: no repair is built.")
     return lines

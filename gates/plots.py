@@ -12,6 +12,7 @@ from gates.context_curve import auc, bucket_length
 from gates.diagnosis import BIAS_RATIO, Diagnosis
 from gates.length import length_ratios
 from gates.record import StageRecord
+from gates.repair import KvRepairOption
 from gates.verdict import Verdict
 
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700", "n/a": "#6e7781"}
@@ -215,26 +216,29 @@ def _bars(ax, labels: list[str], costs: list, shift: float, color: str, label: s
 
 
 def _repair_panel(ax, diagnosis: Diagnosis) -> None:
-    """The repair options measured: emulated KL (interval) against weight MiB, the failed
-    configuration, the target and the option chosen."""
+    """The repair options measured: emulated KL (interval) against weight MiB (a KV cache's:
+    KV bytes per token), the failed configuration, the target and the option chosen."""
     options = diagnosis.repairs
-    mib = np.array([o.bytes for o in options]) / 2**20
+    kv = isinstance(options[0], KvRepairOption)
+    unit = 1 if kv else 2**20
+    failed = diagnosis.kv_bytes_per_token if kv else diagnosis.weight_bytes
+    mib = np.array([o.bytes for o in options]) / unit
     means = np.array([o.mean_kl for o in options])
     errors = np.array([[o.mean_kl - o.ci_low for o in options],
                        [o.ci_high - o.mean_kl for o in options]])
     ax.errorbar(mib, means, yerr=np.maximum(errors, 0), fmt="o", color="#0969da", capsize=2,
                 lw=1, label="options measured")
-    everything = diagnosis.sweep("all")
-    if everything and diagnosis.weight_bytes:
-        ax.plot([diagnosis.weight_bytes / 2**20], [everything[0].mean_kl], "x", color="#cf222e",
+    everything = diagnosis.sweep("kv_all" if kv else "all")
+    if everything and failed:
+        ax.plot([failed / unit], [everything[0].mean_kl], "x", color="#cf222e",
                 label=f"failed ({', '.join(diagnosis.emulated.values())})")
     if diagnosis.repair_target is not None:
         ax.axhline(diagnosis.repair_target, color="#1a7f37", ls="--", lw=1, label="target")
     if diagnosis.repair is not None:
-        ax.plot([diagnosis.repair.bytes / 2**20], [diagnosis.repair.mean_kl], "o", ms=10,
+        ax.plot([diagnosis.repair.bytes / unit], [diagnosis.repair.mean_kl], "o", ms=10,
                 mfc="none", color="#1a7f37", label="repair chosen")
     ax.set_yscale("log")
-    ax.set_xlabel("weight MiB")
+    ax.set_xlabel("KV-cache bytes per token" if kv else "weight MiB")
     ax.set_ylabel("KL nats/token (emulated)")
     ax.set_title(f"{diagnosis.stage}: repairs, KL against bytes", fontsize=9)
     ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)

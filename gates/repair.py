@@ -1,4 +1,4 @@
-"""The repairs a weights diagnosis weighs: configurations near the failed one, with their weight bytes.
+"""The repairs a diagnosis weighs: configurations near the failed one, with their bytes.
 
 A failed integer weight format is repaired by spending bytes where the diagnosis found the loss
 (ModelOpt's `auto_quantize` and Neural Compressor's autotune, inside the sign-off): the costliest
@@ -7,7 +7,9 @@ INT8 per channel everywhere as the plain fallback. Each option's weight bytes co
 model's own shapes (scales as bf16, one per group or output channel). flows/diagnose.py measures
 options by emulation, a bisection within each family (`families`: the loss falls as a family's
 bytes rise), and the cheapest whose KL interval lies under its target is built and served as a
-stage of kind `repair`. Nothing here runs a model.
+stage of kind `repair`. A failed FP8 KV cache is repaired the way the engine can serve it:
+its costliest layers' cache kept in the model dtype (vLLM's --kv-cache-dtype-skip-layers), priced
+in KV bytes per token, what it gives back of the cache's capacity. Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from pydantic import BaseModel, Field
 
 from gates.policy import GatePolicy
+from infra.kv_axis import split_skipped, with_skipped
 from infra.sensitivity import parse_format
 
 SCALE_BITS = 16  # one bf16 scale per group (or per output channel)
@@ -24,6 +27,8 @@ KEPT_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24)  # costliest layers kept, as op
 MIN_GROUP = 16  # the finest group size offered
 FALLBACK = "int8/channel"  # also the higher precision a kept group may get
 KEPT_AS = ("bf16", FALLBACK)
+KV_QUANTIZED_BYTES = 1  # fp8: the KV formats a repair searches (flows/diagnose: sensitivity.parse_kv)
+KV_MODEL_BYTES = 2  # bf16, the precision a skipped layer's cache ships in
 # The emulated KL a repair may reach, as a share of the limit: the engine then judges it by an
 # interval on its own corpus and answers, which must clear the limit, and length and accuracy
 # move with it (the demo's W4A16 repair chosen at the whole limit, emulated KL 0.036 [0.029,
@@ -57,6 +62,59 @@ class RepairOption(BaseModel):
 
     def keeps(self, layer: int, kind: str) -> bool:
         return layer in self.kept_layers or kind in self.kept_kinds
+
+
+class KvRepairOption(BaseModel):
+    """A KV-cache repair: the failed stage's cache format on every layer but `skip_layers`, which
+    keep the model dtype (vLLM's --kv-cache-dtype-skip-layers: engine flags, nothing to build);
+    its KV bytes per token, and once measured its emulated KL."""
+
+    kv_cache: str = Field(description="The failed stage's kv_cache axis, e.g. 'fp8_e4m3'.")
+    skip_layers: list[int] = Field(description="Decoder layers whose cache keeps the model dtype.")
+    bytes: int = Field(description="KV-cache bytes per token of the whole model (the skipped "
+                       f"layers at {KV_MODEL_BYTES} bytes an element, as bf16 ships).")
+    mean_kl: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    target: float | None = Field(None, description="The KL it must stay under (its precision's).")
+
+    @property
+    def name(self) -> str:
+        return f"{self.kv_cache} KV cache, model dtype on layers {', '.join(map(str, self.skip_layers))}"
+
+    @property
+    def axis(self) -> str:
+        """The repair stage's kv_cache axis (infra.kv_axis)."""
+        return with_skipped(self.kv_cache, self.skip_layers)
+
+
+class KvShape(BaseModel):
+    """What a KV cache's size per token depends on."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+def kv_bytes(shape: KvShape, skip_layers: list[int] | tuple[int, ...] = ()) -> int:
+    """K and V of every layer for one token: one byte an element quantized (fp8), the model
+    dtype's on the skipped layers."""
+    skipped = len(set(skip_layers))
+    per_layer = 2 * shape.kv_heads * shape.head_dim
+    return per_layer * ((shape.layers - skipped) * KV_QUANTIZED_BYTES + skipped * KV_MODEL_BYTES)
+
+
+def kv_options(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[KvRepairOption]:
+    """The costliest layers (`layer_ranking`) kept in the model dtype, 1, 2, 3, 4, 6, ... of
+    them, cheapest first: one family, along which the loss should fall as bytes rise. Keeping
+    every layer is the parent's cache, not a repair."""
+    base, skipped = split_skipped(failed)
+    found = []
+    for k in KEPT_LAYERS:
+        kept = sorted({*skipped, *layer_ranking[:k]})
+        if len(kept) < shape.layers and len(layer_ranking) >= k:
+            found.append(KvRepairOption(kv_cache=base, skip_layers=kept, bytes=kv_bytes(shape, kept)))
+    return found
 
 
 class LayerParams(BaseModel):
@@ -148,21 +206,22 @@ def target_kl(policy: GatePolicy, precision: str) -> tuple[float, str]:
                                "stage's interval must clear it")
 
 
-def chosen(measured: list[RepairOption]) -> tuple[RepairOption | None, str]:
+def chosen(measured: list[RepairOption | KvRepairOption]) -> tuple[RepairOption | KvRepairOption | None, str]:
     """The repair to build among the options measured, and why: the cheapest that passes, or a
     plain one (nothing kept) that passes within PLAIN_WITHIN of its bytes."""
     passing = sorted((o for o in measured if passes(o)), key=lambda o: o.bytes)
     if not passing:
         return None, "no option measured lies under its target"
     cheapest = passing[0]
-    plain = next((o for o in passing if not o.kept_layers and not o.kept_kinds), None)
+    plain = next((o for o in passing if isinstance(o, RepairOption)
+                  and not o.kept_layers and not o.kept_kinds), None)
     if plain is not None and plain is not cheapest and plain.bytes <= cheapest.bytes * (1 + PLAIN_WITHIN):
         return plain, (f"a plain format within {PLAIN_WITHIN:.0%} of the cheapest passing option's "
                        f"bytes ({cheapest.name}, {plain.bytes / cheapest.bytes - 1:+.1%})")
     return cheapest, "the cheapest configuration whose KL interval lies under its target"
 
 
-def passes(option: RepairOption) -> bool:
+def passes(option: RepairOption | KvRepairOption) -> bool:
     """Measured, and its whole KL interval under its target."""
     return option.ci_high is not None and option.target is not None and option.ci_high <= option.target
 

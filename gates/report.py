@@ -303,6 +303,11 @@ def repair_line(judged: RepairVerdict, full: bool = True) -> str:
         cost = (f", {judged.weight_bytes / 2**20:.1f} MiB of weights "
                 f"({judged.weight_bytes / judged.failed_weight_bytes - 1:+.1%} against the failed "
                 "candidate: decode reads every weight byte per token)")
+    if judged.kv_bytes_per_token and judged.failed_kv_bytes_per_token:
+        cost = (f", {judged.kv_bytes_per_token:,} KV-cache bytes a token "
+                f"({judged.kv_bytes_per_token / judged.failed_kv_bytes_per_token - 1:+.1%} "
+                "against the failed candidate: its KV capacity in tokens "
+                f"x{judged.failed_kv_bytes_per_token / judged.kv_bytes_per_token:.2f})")
     tpot = judged.tpot_ms
     if judged.stage in tpot and len(tpot) > 1:
         others = " and ".join(f"{ms:.3g} ms for {name}" for name, ms in tpot.items()

@@ -78,6 +78,9 @@ class RepairVerdict(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     weight_bytes: int | None = None
     failed_weight_bytes: int | None = Field(None, description="The failed configuration's.")
+    kv_bytes_per_token: int | None = Field(None, description="A KV-cache repair's cache bytes "
+                                           "per token (gates.repair.kv_bytes).")
+    failed_kv_bytes_per_token: int | None = Field(None, description="The failed cache's.")
     predicted_on: str | None = Field(None, description="The GPU `tpot_ms` is predicted on.")
     tpot_ms: dict[str, float] = Field(
         default_factory=dict, description="The what-if's one-user TPOT of the reference workload "

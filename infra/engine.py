@@ -33,6 +33,9 @@ class EngineFacts(BaseModel):
     version: str | None = None
     kv_cache_tokens: int | None = Field(default=None, description="KV capacity in tokens (/metrics).")
     kv_cache_dtype: str | None = None
+    kv_cache_skip_layers: list[int] | None = Field(
+        default=None, description="Layers whose KV cache keeps the model dtype, as /metrics "
+        "says (vLLM's kv_cache_dtype_skip_layers); None where it does not say.")
     kv_cache_bytes: int | None = None
     weight_bytes: int | None = Field(default=None, description="Checkpoint size on disk.")
     kv_cache_tokens_from: str | None = Field(

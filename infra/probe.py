@@ -38,6 +38,15 @@ def optional_int(value: str | None) -> int | None:
         return None
 
 
+def skip_layers(value: str | None) -> list[int] | None:
+    """vLLM's kv_cache_dtype_skip_layers label ("['0', '3']", Python's str of a list) as layer
+    indices; None where the label is missing or names something else ('sliding_window')."""
+    if value is None:
+        return None
+    names = re.findall(r"'([^']*)'", value)
+    return [int(name) for name in names] if all(name.isdigit() for name in names) else None
+
+
 def model_entry(base_url: str, model: str, timeout_s: float = 10.0) -> dict:
     """The /v1/models entry of `model` (vLLM's has `root`: the path it loaded), or {}."""
     models = get_json(base_url, "/v1/models", timeout_s).get("data") or []

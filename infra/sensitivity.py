@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.errors import MeasurementError
+from infra.kv_axis import split_skipped
 
 MODULE_KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
@@ -122,17 +123,19 @@ def fp8_round_trip(tensor, scale: float | None = None, dtype: str = "float8_e4m3
 class KvFormat:
     dtype: str  # torch float8 dtype name
     scale: float | None  # None: per-tensor absmax (a calibrated scale), else this constant
+    skipped: tuple[int, ...] = ()  # layers whose cache keeps the model dtype (infra.kv_axis)
 
 
 def parse_kv(axis: str) -> KvFormat:
-    calibrated = axis.endswith("/calibrated")
-    name = axis.removesuffix("/calibrated")
+    base, skipped = split_skipped(axis)
+    calibrated = base.endswith("/calibrated")
+    name = base.removesuffix("/calibrated")
     dtypes = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
     if name not in dtypes:
         raise NotEmulated(f"KV cache format {axis!r} is not emulated here (known: "
                           f"{', '.join(dtypes)}, with /calibrated)")
     # Calibrated scales are emulated as each tensor's own absmax: the best a calibration can do.
-    return KvFormat(dtypes[name], None if calibrated else 1.0)
+    return KvFormat(dtypes[name], None if calibrated else 1.0, skipped)
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,13 @@ def _linears(model: Model, group: Group) -> Iterator:
             yield getattr(parent, kind)
 
 
+def kv_shape(model: Model) -> dict:
+    """Decoder layers, KV heads and head width (gates.repair.KvShape's fields)."""
+    config = model.module.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"layers": model.layers, "kv_heads": model.kv_heads, "head_dim": head_dim}
+
+
 def layer_params(model: Model) -> dict:
     """Per decoder layer its linears' input and output widths (MODULE_KINDS order), and every
     other parameter's count (gates.repair.LayerParams' fields)."""
@@ -326,7 +336,9 @@ def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
 
 @contextlib.contextmanager
 def kv_quantized(model: Model, group: KvGroup, fmt: KvFormat) -> Iterator[None]:
-    attentions = [model.module.model.layers[i].self_attn for i in group.layers]
+    """The group's K and/or V through `fmt`, but on the layers `fmt` skips."""
+    attentions = [model.module.model.layers[i].self_attn for i in group.layers
+                  if i not in fmt.skipped]
     before = [getattr(attention, _KV_ATTR, None) for attention in attentions]
     for attention in attentions:
         setattr(attention, _KV_ATTR, _kv_plan(group, fmt))

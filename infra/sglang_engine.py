@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.checkpoint import read_config, weight_bytes
 from infra.engine import MAX_CONTEXT_TOKENS, EngineArgs, EngineFacts, register
-from infra.errors import EngineError
+from infra.errors import EngineError, SpecError
 from infra.gpu_args import GpuArgs
 from infra.launch import LaunchedEngine
 from infra.placement import host_gpus
@@ -112,6 +112,9 @@ class SglangEngineSpec(GpuArgs, EngineArgs):
             command += ["--context-length", str(self.max_model_len)]
         if flags.quantization:
             command += ["--quantization", flags.quantization]
+        if flags.kv_cache_dtype_skip_layers:
+            raise SpecError("SGLang has no per-layer KV cache dtype (vLLM's "
+                            "--kv-cache-dtype-skip-layers): serve kv_cache_dtype_skip_layers on vLLM")
         if flags.kv_cache_dtype:
             command += ["--kv-cache-dtype",
                         KV_CACHE_DTYPES.get(flags.kv_cache_dtype, flags.kv_cache_dtype)]

@@ -38,8 +38,7 @@ REFUSED_FLAGS: dict[str, str] = {
     "kv-cache-dtype": f"use engine_flags.kv_cache_dtype{_TYPED}",
     "quantization-config": f"{AXIS} (weights, activations); use engine_flags.quantization or "
                            "a quantized checkpoint",
-    "kv-cache-dtype-skip-layers": f"{AXIS} (kv_cache of some layers); use "
-                                  "engine_flags.kv_cache_dtype for all layers",
+    "kv-cache-dtype-skip-layers": f"use engine_flags.kv_cache_dtype_skip_layers{_TYPED}",
     "calculate-kv-scales": f"{AXIS} (kv_cache scales); put the scales in the checkpoint",
     "hf-overrides": f"{AXIS} (it can rewrite quantization_config or torch_dtype); edit the "
                     "checkpoint's config.json",
@@ -217,6 +216,9 @@ def build_command(
         command.append("--enforce-eager")
     if flags.kv_cache_dtype:
         command += ["--kv-cache-dtype", flags.kv_cache_dtype]
+    if flags.kv_cache_dtype_skip_layers:
+        command += ["--kv-cache-dtype-skip-layers",
+                    *map(str, sorted(flags.kv_cache_dtype_skip_layers))]
     if flags.quantization:
         command += ["--quantization", flags.quantization]
     extra, api_key = split_api_key(list(spec.extra_args) + list(flags.extra_args))

@@ -8,7 +8,7 @@ from infra.checkpoint import weight_bytes
 from infra.engine import STARTED, EngineFacts, register  # noqa: F401 (STARTED: re-exported)
 from infra.launch import LaunchedEngine
 from infra.ports import port_free  # noqa: F401 (re-exported)
-from infra.probe import cache_config, get_json, optional_int
+from infra.probe import cache_config, get_json, optional_int, skip_layers
 from infra.vllm_args import QUIET_ENV, VllmEngineSpec, build_command  # noqa: F401 (re-exported)
 from infra.vllm_facts import engine_config, kv_tokens_from_metrics, read_log
 
@@ -26,6 +26,7 @@ def engine_facts(base_url: str, model: dict, version: str | None, metrics: str, 
         base_url=base_url, model=model["id"], command=command, env=env, version=version,
         kv_cache_tokens=kv_tokens, kv_cache_tokens_from=kv_from,
         kv_cache_dtype=cache.get("cache_dtype"),
+        kv_cache_skip_layers=skip_layers(cache.get("kv_cache_dtype_skip_layers")),
         kv_cache_bytes=optional_int(cache.get("kv_cache_memory_bytes")) or logged.kv_cache_bytes,
         weight_bytes=disk_bytes, weight_memory_bytes=logged.weight_memory_bytes,
         quantization=logged.quantization, linear_kernels=logged.linear_kernels,

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import SpecError
+from infra.kv_axis import quantized_share
 
 # What a weight-only or weight-and-activation format stores per scale, by (type, bits).
 _SCALE_BYTES = {"int": 2, "float": 4}  # INT4/INT8 groups: bf16 scales; FP8: fp32 scales
@@ -201,10 +202,14 @@ def stage_format(axes: dict[str, Any], shape: ModelShape) -> StageFormat:
     else:
         bytes_per_param, how = _weight_bytes(weights, shape.hidden_size)
     compute = _compute_dtype(activations)
-    kv = 1.0 if kv_cache.startswith(("fp8", "float8")) else 2.0
-    if kv_cache not in ("auto", "none", "bf16") and kv == 2.0:
+    fp8 = kv_cache.startswith(("fp8", "float8"))
+    if kv_cache not in ("auto", "none", "bf16") and not fp8:
         raise SpecError(f"kv_cache axis {kv_cache!r} not understood; expected 'auto' or an fp8 variant")
-    note = f"{how}; matmuls in {compute}; KV {'fp8' if kv == 1 else 'bf16'}"
+    share = quantized_share(kv_cache, shape.num_layers) if fp8 else 0.0
+    kv = share * 1.0 + (1 - share) * 2.0  # fp8 on the quantized layers, bf16 on skipped ones
+    kv_note = ("fp8" if share == 1 else "bf16" if share == 0
+               else f"fp8 on {share:.0%} of the layers, bf16 on the rest")
+    note = f"{how}; matmuls in {compute}; KV {kv_note}"
     return StageFormat(
         weight_bytes_per_param=bytes_per_param,
         kv_bytes_per_element=kv,

@@ -18,7 +18,8 @@ from tests.evalsets.chat_fake import FakeChat
 
 pytest.importorskip("great_expectations")
 
-FLAGS = SimpleNamespace(quantization=None, kv_cache_dtype=None, extra_args=[])
+FLAGS = SimpleNamespace(quantization=None, kv_cache_dtype=None, kv_cache_dtype_skip_layers=[],
+                        extra_args=[])
 # Odd items' answer is "tok", even items' "other".
 ROWS = [{"id": i, "prompt": f"Question {i}", "answer": "tok" if i % 2 else "other"}
         for i in range(6)]

@@ -9,8 +9,9 @@ torch = pytest.importorskip("torch")
 
 from evalsets.token_corpus import ScoredSequence, ScoringCorpus, Span  # noqa: E402
 from flows.diagnose import diagnose_stage  # noqa: E402
-from gates.diagnosis import read_diagnosis  # noqa: E402
+from gates.diagnosis import read_diagnosis, summary  # noqa: E402
 from gates.policy import GatePolicy  # noqa: E402
+from gates.repair import KvRepairOption  # noqa: E402
 from tests.gates.records import UNQUANTIZED, record  # noqa: E402
 from tests.infra.test_sensitivity import tiny_llama  # noqa: E402
 
@@ -85,6 +86,42 @@ def test_a_kv_stage_is_diagnosed_k_apart_from_v_with_the_offsets(tmp_path, check
     assert names == ["K all layers", "V all layers"]
     assert len(found.sweep("kv_layer")) == 4 and len(found.sweep("kv_head")) == 8
     assert len(found.kv_offsets) == 4 and not found.sweep("layer")
+
+
+def _strict(max_kl: float) -> GatePolicy:
+    policy = GatePolicy()
+    policy.tolerances["8bit"].max_kl = max_kl
+    return policy
+
+
+def test_a_kv_stage_s_repair_keeps_its_costliest_layer_s_cache_in_the_model_dtype(
+        tmp_path, checkpoint):
+    """On vLLM's default scale (1.0) the tiny model's K and V lose precision; the repair keeps
+    the costlier layer's cache in the model dtype (of two layers, the one option) and is priced
+    in KV bytes per token: 2 KV heads of 16, fp8 one byte, bf16 two."""
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    (failed,) = found.sweep("kv_all")
+    assert failed.mean_kl > 0 and found.kv_bytes_per_token == 2 * 2 * 2 * 16
+    per_layer = {layer: max(c.mean_kl for c in found.sweep("kv_layer")
+                            if c.name.endswith(f" {layer}")) for layer in (0, 1)}
+    costlier = max(per_layer, key=per_layer.get)
+    (option,) = found.repairs
+    assert isinstance(option, KvRepairOption) and option.skip_layers == [costlier]
+    assert option.bytes == 2 * 2 * 16 * (1 + 2) and option.target is not None
+    assert option.mean_kl < failed.mean_kl
+    assert found.repair == option, "a loose target: the one option passes"
+    assert read_diagnosis(tmp_path / "kv").repair == option
+    assert any("--kv-cache-dtype-skip-layers" in line for line in summary(found))
+
+
+def test_a_kv_repair_nothing_brings_under_the_target_is_not_chosen(tmp_path, checkpoint):
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    found = diagnose_stage(tmp_path, "kv", records, _strict(1e-12), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    assert found.repair is None and len(found.repairs) == 1
+    assert "No option measured lies under its target: no repair is built." in summary(found)
 
 
 def test_a_format_that_cannot_be_emulated_is_skipped_with_its_reason(tmp_path, checkpoint):

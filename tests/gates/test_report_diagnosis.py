@@ -113,3 +113,40 @@ def test_report_shows_the_repair_tried_its_verdict_and_what_it_costs(tmp_path):
     assert '<td class="repair">' in html and "| Repair of a8 |" in md  # in the sign-off block
     assert "Repair chosen: int8/channel (150.0 MiB of weights against 100.0 MiB)" in md
     assert "int4/group32, layers 0 as bf16: KL 0.0900 [0.0800, 0.1000], +20.0% bytes" in md
+
+
+def test_report_shows_a_kv_repair_in_kv_bytes_per_token_with_its_chart(tmp_path):
+    """A KV stage's repair (costliest layers' cache in the model dtype) is priced per token of
+    cache, not in weight MiB, in the sentences, the sign-off line and the chart; its stored
+    diagnosis reads back as a KV option."""
+    from gates.repair import KvRepairOption
+    from gates.verdict import RepairVerdict
+
+    records = chain()
+    found = diagnosis("kv")
+    found.costs = [cost for cost in found.costs if cost.sweep in ("kv", "kv_layer", "kv_head")]
+    found.costs.append(GroupCost(name="K and V all layers", sweep="kv_all", mean_kl=0.052,
+                                 ci_low=0.045, ci_high=0.06))
+    found.repair_target, found.repair_target_why = 0.0122, "the perplexity limit, read as KL"
+    found.kv_bytes_per_token = 8 * 256
+    found.repairs = [KvRepairOption(kv_cache="fp8_e4m3", skip_layers=skip,
+                                    bytes=256 * (8 + len(skip)), mean_kl=kl, ci_low=kl * 0.9,
+                                    ci_high=kl * 1.1, target=0.0122)
+                     for skip, kl in (([0], 0.03), ([0, 1], 0.011), ([0, 1, 2], 0.004))]
+    found.repair, found.repair_stage = found.repairs[1], "kv-repair"
+    found.save(tmp_path)
+    assert read_diagnoses(tmp_path.parent, [tmp_path.name])[tmp_path.name].repair == found.repair
+    verdict = decide("demo", records, GatePolicy())
+    verdict.repairs = [RepairVerdict(stage="kv-repair", repairs="kv", decision="go",
+                                     configuration=found.repair.name,
+                                     kv_bytes_per_token=2560, failed_kv_bytes_per_token=2048)]
+    paths = write_report(verdict, records, tmp_path / "report", diagnoses={"kv": found})
+    md = paths["md"].read_text()
+    assert ("Repair tested as stage kv-repair: fp8_e4m3 KV cache, model dtype on layers 0, 1, "
+            "2,560 KV-cache bytes a token (+25.0% against the failed candidate: its KV capacity "
+            "in tokens x0.80): GO.") in md
+    assert ("Repair chosen: fp8_e4m3 KV cache, model dtype on layers 0, 1 (2,560 KV bytes a "
+            "token against 2,048; served with --kv-cache-dtype-skip-layers)") in md
+    assert "The whole KV cache quantized (K and V, every layer): KL 0.0520" in md
+    assert "layers 0: KL 0.0300 [0.0270, 0.0330], +12.5% KV bytes" in md
+    assert paths["sensitivity"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -54,6 +54,10 @@ def test_qwen_shape_from_config():
     assert stage_format(BF16, QWEN).kv_bytes_per_token(QWEN) == 57_344
     fp8_kv = {**BF16, "kv_cache": "fp8_e4m3"}
     assert stage_format(fp8_kv, QWEN).kv_bytes_per_token(QWEN) == 28_672
+    # A KV repair keeps 7 of the 28 layers' cache in bf16 (--kv-cache-dtype-skip-layers).
+    repaired = stage_format({**BF16, "kv_cache": "fp8_e4m3/skip:0,1,2,3,4,5,6"}, QWEN)
+    assert repaired.kv_bytes_per_token(QWEN) == 28_672 + 7 * 1_024
+    assert "fp8 on 75% of the layers" in repaired.note
 
 
 def test_flops_per_token():

@@ -52,10 +52,10 @@ def test_command_lines_mask_flag_values_in_both_spellings():
 
 
 def test_the_api_key_leaves_the_command_line_for_the_engine_environment():
-    from flows.spec import VllmEngineSpec
+    from flows.spec import EngineFlags, VllmEngineSpec
 
     spec = VllmEngineSpec(port=8123, extra_args=["--api-key", KEY, "--max-num-seqs", "8"])
-    flags = type("Flags", (), {"kv_cache_dtype": None, "quantization": None, "extra_args": []})
+    flags = EngineFlags()
     shown, shown_env = build_command(spec, Path("/m"), flags)
     served, served_env = build_command(spec, Path("/m"), flags, reveal=True)
     assert KEY not in " ".join(shown) + str(shown_env) and shown_env["VLLM_API_KEY"] == MASK
