@@ -109,7 +109,8 @@ def on_rollback(prepared: Prepared, results_dir: Path, settings: Settings, no_ca
                                          threads=threads):
                 diagnoses[found.stage] = found
                 chosen = (found.repair.name if found.repair else
-                          "none under the target" if found.repairs else "not searched")
+                          "none under the target" if found.repairs else
+                          f"not searched{': ' + found.repair_why if found.repair_why else ''}")
                 _say(f"diagnosis of {found.stage}: {found.forwards} groups in "
                      f"{found.seconds:.0f} s; repair: {chosen}")
         if not settings.repair_on_rollback:

@@ -214,6 +214,8 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
     diagnosis.weight_bytes = repair.weight_bytes(params, repair.RepairOption(weights=failed,
                                                                              bytes=0))
+    if not _reproduced(diagnosis, diagnosis.sweep("all")[0], target):
+        return
     everything = tuple(range(model.layers))
 
     def passes(option: repair.RepairOption) -> bool:
@@ -239,6 +241,19 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
         best = _cheapest_passing([o for o in family if best is None or o.bytes < best.bytes],
                                  passes) or best
     diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
+
+
+def _reproduced(diagnosis: Diagnosis, failed: GroupCost, target: float) -> bool:
+    """Whether the emulation shows the failed configuration's loss: a failed configuration whose
+    own emulated KL interval lies under the target says the emulation misses what the engine
+    lost (another axis, a kernel, the served scales), so no option it ranks is searched."""
+    if failed.ci_high > target:
+        return True
+    diagnosis.repair_why = (f"the failed configuration's own emulated KL {failed.mean_kl:.4f} "
+                            f"[{failed.ci_low:.4f}, {failed.ci_high:.4f}] lies under the target: "
+                            "the emulation does not reproduce what the engine lost, so no "
+                            "repair is searched")
+    return False
 
 
 def _measured(diagnosis: Diagnosis, option, measured: GroupCost, target: float,
@@ -308,10 +323,11 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
                 fmt: sensitivity.KvFormat, per_layer: dict[int, float], diagnosis: Diagnosis,
                 policy: GatePolicy, cost: Callable, say: Callable[[str], None],
                 started: float) -> None:
-    """The fewest costliest layers (`per_layer`: K or V alone, whichever costs more) whose
-    cache kept in the model dtype brings the emulated KL interval under its target: a bisection
-    over 1, 2, 3, 4, 6, ... layers (gates.repair.kv_options), what vLLM serves with
-    --kv-cache-dtype-skip-layers."""
+    """The cheapest KV option whose emulated KL interval lies under its target: E4M3 for a
+    failed E5M2 (the same bytes), else the fewest costliest layers (`per_layer`: K or V alone,
+    whichever costs more) with their cache kept in the model dtype, what vLLM serves with
+    --kv-cache-dtype-skip-layers; a bisection within each family (gates.repair.kv_families),
+    bounded by the cheapest passing option found so far, as for weights."""
     ranking = sorted(per_layer, key=lambda layer: (-per_layer[layer], layer))
     shape = repair.KvShape(**sensitivity.kv_shape(model))
     target, why = repair.target_kl(policy, precision_class(axes))
@@ -319,17 +335,21 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
     diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, fmt.skipped)
     everything = tuple(range(model.layers))
     with sensitivity.kv_quantized(model, sensitivity.KvGroup("failed", everything, True, True), fmt):
-        diagnosis.costs.append(cost("K and V all layers", "kv_all",
-                                    sensitivity.kl_per_position(model, corpus)))
+        failed = cost("K and V all layers", "kv_all", sensitivity.kl_per_position(model, corpus))
+    diagnosis.costs.append(failed)
+    if not _reproduced(diagnosis, failed, target):
+        return
 
     def passes(option: repair.KvRepairOption) -> bool:
-        kept = sensitivity.KvFormat(fmt.dtype, fmt.scale, tuple(option.skip_layers))
         with sensitivity.kv_quantized(model, sensitivity.KvGroup("repair", everything, True, True),
-                                      kept):
+                                      sensitivity.parse_kv(option.axis)):
             measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
         return _measured(diagnosis, option, measured, target, say, started)
 
-    _cheapest_passing(repair.kv_options(shape, axes["kv_cache"], ranking), passes)
+    best: repair.KvRepairOption | None = None
+    for family in repair.kv_families(shape, axes["kv_cache"], ranking):
+        best = _cheapest_passing([o for o in family if best is None or o.bytes < best.bytes],
+                                 passes) or best
     diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
 
 

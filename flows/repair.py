@@ -35,6 +35,7 @@ from infra.checkpoint import check_checkpoint
 from infra.cpu_support import check_cpu_servable, cpu_flags
 from infra.demo_models import make_repair
 from infra.errors import QuantgateError, SpecError
+from infra.kv_axis import split_skipped
 from infra.progress import progress
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,14 @@ def _with_stage(prepared: Prepared, name: str, failed: StageRecord, checkpoint: 
 
 
 def _kv_served(prepared: Prepared, name: str, failed: str, option: KvRepairOption) -> Prepared:
-    """The run's plan with a KV repair stage: the failed stage's checkpoint and cache format,
-    its costliest layers' cache kept in the model dtype (--kv-cache-dtype-skip-layers)."""
+    """The run's plan with a KV repair stage: the failed stage's checkpoint and flags, the
+    option's cache format where it is another, its layers kept in the model dtype
+    (--kv-cache-dtype-skip-layers)."""
     stage = next(s for s in prepared.stages if s.name == failed)
-    flags = stage.engine_flags.model_copy(
-        update={"kv_cache_dtype_skip_layers": option.skip_layers})
+    update: dict = {"kv_cache_dtype_skip_layers": option.skip_layers}
+    if option.kv_cache != split_skipped(stage.axes.kv_cache)[0]:  # E4M3 for E5M2: a flag value
+        update["kv_cache_dtype"] = option.kv_cache
+    flags = stage.engine_flags.model_copy(update=update)
     spec = prepared.spec.model_copy(update={"stages": [*prepared.spec.stages, StageSpec(
         name=name, kind="repair", parent=stage.parent, checkpoint=stage.checkpoint,
         engine_flags=flags)]})

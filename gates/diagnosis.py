@@ -208,8 +208,10 @@ def summary(diagnosis: Diagnosis) -> list[str]:
 
 def repair_lines(diagnosis: Diagnosis) -> list[str]:
     """What the repair search measured and chose, bytes against the failed configuration's."""
-    if diagnosis.repair_target is None or not diagnosis.repairs:
+    if diagnosis.repair_target is None:
         return []
+    if not diagnosis.repairs:
+        return [f"No repair searched: {diagnosis.repair_why}."] if diagnosis.repair_why else []
     kv = isinstance(diagnosis.repairs[0], KvRepairOption)
     failed = (diagnosis.kv_bytes_per_token if kv else diagnosis.weight_bytes) or 0
 

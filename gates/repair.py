@@ -29,6 +29,7 @@ FALLBACK = "int8/channel"  # also the higher precision a kept group may get
 KEPT_AS = ("bf16", FALLBACK)
 KV_QUANTIZED_BYTES = 1  # fp8: the KV formats a repair searches (flows/diagnose: sensitivity.parse_kv)
 KV_MODEL_BYTES = 2  # bf16, the precision a skipped layer's cache ships in
+KV_MORE_MANTISSA = {"fp8_e5m2": "fp8_e4m3"}  # the same bytes, a finer step (less range)
 # The emulated KL a repair may reach, as a share of the limit: the engine then judges it by an
 # interval on its own corpus and answers, which must clear the limit, and length and accuracy
 # move with it (the demo's W4A16 repair chosen at the whole limit, emulated KL 0.036 [0.029,
@@ -80,7 +81,8 @@ class KvRepairOption(BaseModel):
 
     @property
     def name(self) -> str:
-        return f"{self.kv_cache} KV cache, model dtype on layers {', '.join(map(str, self.skip_layers))}"
+        kept = ", ".join(map(str, self.skip_layers))
+        return f"{self.kv_cache} KV cache" + (f", model dtype on layers {kept}" if kept else "")
 
     @property
     def axis(self) -> str:
@@ -104,17 +106,24 @@ def kv_bytes(shape: KvShape, skip_layers: list[int] | tuple[int, ...] = ()) -> i
     return per_layer * ((shape.layers - skipped) * KV_QUANTIZED_BYTES + skipped * KV_MODEL_BYTES)
 
 
-def kv_options(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[KvRepairOption]:
-    """The costliest layers (`layer_ranking`) kept in the model dtype, 1, 2, 3, 4, 6, ... of
-    them, cheapest first: one family, along which the loss should fall as bytes rise. Keeping
-    every layer is the parent's cache, not a repair."""
+def kv_families(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[list[KvRepairOption]]:
+    """The options in families, each cheapest first, along which the loss should fall as bytes
+    rise: the costliest layers (`layer_ranking`) kept in the model dtype, 1, 2, 3, 4, 6, ... of
+    them, in the failed format; and where it is E5M2 (two mantissa bits), E4M3 in its bytes
+    (three), alone and with layers kept. Keeping every layer is the parent's cache, not a repair."""
     base, skipped = split_skipped(failed)
-    found = []
-    for k in KEPT_LAYERS:
-        kept = sorted({*skipped, *layer_ranking[:k]})
-        if len(kept) < shape.layers and len(layer_ranking) >= k:
-            found.append(KvRepairOption(kv_cache=base, skip_layers=kept, bytes=kv_bytes(shape, kept)))
-    return found
+    formats = [base, *([KV_MORE_MANTISSA[base]] if base in KV_MORE_MANTISSA else [])]
+    families = [[KvRepairOption(kv_cache=fmt, skip_layers=sorted(skipped),
+                                bytes=kv_bytes(shape, skipped))] for fmt in formats[1:]]
+    for fmt in formats:
+        family = []
+        for k in KEPT_LAYERS:
+            kept = sorted({*skipped, *layer_ranking[:k]})
+            if len(kept) < shape.layers and len(layer_ranking) >= k:
+                family.append(KvRepairOption(kv_cache=fmt, skip_layers=kept,
+                                             bytes=kv_bytes(shape, kept)))
+        families.append(family)
+    return [family for family in families if family]
 
 
 class LayerParams(BaseModel):

@@ -124,6 +124,21 @@ def test_a_kv_repair_nothing_brings_under_the_target_is_not_chosen(tmp_path, che
     assert "No option measured lies under its target: no repair is built." in summary(found)
 
 
+def test_a_failed_cache_the_emulation_shows_under_the_target_gets_no_repair_search(
+        tmp_path, checkpoint):
+    """Its whole cache quantized is already under the target: the emulation does not reproduce
+    what the engine lost, so ranking layers by it would repair nothing: said, not searched."""
+    policy = _strict(1.0)
+    policy.perplexity.max_increase_vs_parent = 0.5  # target 0.5 x ln(1.5) = 0.20
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    found = diagnose_stage(tmp_path, "kv", records, policy, ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    assert found.sweep("kv_all")[0].ci_high < found.repair_target
+    assert found.repair is None and not found.repairs
+    assert any(line.startswith("No repair searched: the failed configuration's own emulated KL")
+               for line in summary(found))
+
+
 def test_a_format_that_cannot_be_emulated_is_skipped_with_its_reason(tmp_path, checkpoint):
     records = _run(tmp_path, "mx", {"weights": "mxfp4/group32"}, "weights")
     found = diagnose_stage(tmp_path, "mx", records, GatePolicy(), ["divergence.kl"],

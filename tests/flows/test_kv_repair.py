@@ -123,3 +123,13 @@ def test_a_box_that_cannot_serve_an_fp8_cache_gets_no_repair_stage(tmp_path, mon
     option = KvRepairOption(kv_cache="fp8_e4m3", skip_layers=[2], bytes=0)
     with pytest.raises(SpecError, match="kv-repair.*AVX-512"):
         _kv_served(_prepared(tmp_path), "kv-repair", "kv", option)
+
+
+def test_an_e4m3_repair_of_an_e5m2_stage_switches_the_cache_flag(tmp_path, monkeypatch):
+    monkeypatch.setattr("flows.repair.cpu_flags", lambda: {"avx512f"})
+    spec = load_spec(write_spec(tmp_path, {"kv_cache_dtype": "fp8_e5m2"}))
+    prepared = SimpleNamespace(spec=spec, stages=plan(spec))
+    option = KvRepairOption(kv_cache="fp8_e4m3", skip_layers=[], bytes=0)
+    stage = _kv_served(prepared, "kv-repair", "kv", option).stages[-1]
+    assert stage.engine_flags.kv_cache_dtype == "fp8_e4m3" and stage.axes.kv_cache == "fp8_e4m3"
+    assert not stage.engine_flags.kv_cache_dtype_skip_layers

@@ -119,17 +119,29 @@ def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
 
 
 def test_kv_options_keep_the_costliest_layers_first_and_never_every_layer():
-    from gates.repair import KvShape, kv_bytes, kv_options
+    from gates.repair import KvShape, kv_bytes, kv_families
 
     shape = KvShape(layers=30, kv_heads=3, head_dim=64)  # SmolLM2-135M
     assert kv_bytes(shape) == 2 * 30 * 3 * 64 and kv_bytes(shape, [4, 4]) == 2 * 31 * 3 * 64
     ranking = [7, 0, 3, *[layer for layer in range(30) if layer not in (7, 0, 3)]]
-    found = kv_options(shape, "fp8_e4m3", ranking)
+    (found,) = kv_families(shape, "fp8_e4m3", ranking)
     assert [len(o.skip_layers) for o in found] == [1, 2, 3, 4, 6, 8, 12, 16, 20, 24]
     assert found[0].skip_layers == [7] and found[2].skip_layers == [0, 3, 7]
     assert [o.bytes for o in found] == sorted(o.bytes for o in found)
     assert found[1].axis == "fp8_e4m3/skip:0,7" and found[1].name.endswith("layers 0, 7")
     # A stage that already skips layers is repaired on top of them, never with fewer.
-    again = kv_options(shape, "fp8_e4m3/skip:29", ranking)
-    assert again[0].kv_cache == "fp8_e4m3" and again[0].skip_layers == [7, 29]
-    assert kv_options(KvShape(layers=1, kv_heads=1, head_dim=8), "fp8_e4m3", [0]) == []
+    (again,) = kv_families(shape, "fp8_e4m3/calibrated/skip:29", ranking)
+    assert again[0].kv_cache == "fp8_e4m3/calibrated" and again[0].skip_layers == [7, 29]
+    assert kv_families(KvShape(layers=1, kv_heads=1, head_dim=8), "fp8_e4m3", [0]) == []
+
+
+def test_a_failed_e5m2_cache_is_offered_e4m3_in_its_own_bytes_first():
+    from gates.repair import KvShape, kv_bytes, kv_families
+
+    shape = KvShape(layers=4, kv_heads=2, head_dim=16)
+    switch, e5m2, e4m3 = kv_families(shape, "fp8_e5m2", [2, 1, 0, 3])
+    assert [(o.kv_cache, o.skip_layers, o.bytes) for o in switch] == [
+        ("fp8_e4m3", [], kv_bytes(shape))]
+    assert switch[0].name == "fp8_e4m3 KV cache" and switch[0].axis == "fp8_e4m3"
+    assert {o.kv_cache for o in e5m2} == {"fp8_e5m2"} and {o.kv_cache for o in e4m3} == {"fp8_e4m3"}
+    assert [o.skip_layers for o in e4m3] == [[2], [1, 2], [0, 1, 2]]
