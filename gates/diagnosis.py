@@ -226,15 +226,18 @@ def repair_lines(diagnosis: Diagnosis) -> list[str]:
                and (not diagnosis.repair or o.bytes < diagnosis.repair.bytes)]
     lines = [f"Repairs emulated (a bisection within each family of options) against KL <= "
              f"{diagnosis.repair_target:.4f} ({diagnosis.repair_target_why}): "
-             f"{len(diagnosis.repairs)} options measured (the chart plots them all); under the "
+             f"{len(diagnosis.repairs)} option{'s' * (len(diagnosis.repairs) != 1)} measured "
+             "(the chart plots them all); under the "
              f"target: {'; '.join(passing) or 'none'}"
              + (f"; the dearest cheaper one over it: {cost(max(cheaper, key=lambda o: o.bytes))}"
                 if cheaper else "") + "."]
     why = diagnosis.repair_why or "the cheapest option under its target"
     if diagnosis.repair is not None and kv:
+        served = (f"--kv-cache-dtype-skip-layers {' '.join(map(str, diagnosis.repair.skip_layers))}"
+                  if diagnosis.repair.skip_layers else
+                  f"--kv-cache-dtype {diagnosis.repair.kv_cache.removesuffix('/calibrated')}")
         lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes:,} KV "
-                     f"bytes a token against {failed:,}; served with "
-                     f"--kv-cache-dtype-skip-layers): {why}.")
+                     f"bytes a token against {failed:,}; served with {served}): {why}.")
     elif diagnosis.repair is not None:
         lines.append(f"Repair chosen: {diagnosis.repair.name} ({diagnosis.repair.bytes / 2**20:.1f}"
                      f" MiB of weights against {failed / 2**20:.1f} MiB): {why}.")

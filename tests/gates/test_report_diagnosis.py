@@ -146,7 +146,7 @@ def test_report_shows_a_kv_repair_in_kv_bytes_per_token_with_its_chart(tmp_path)
             "2,560 KV-cache bytes a token (+25.0% against the failed candidate: its KV capacity "
             "in tokens x0.80): GO.") in md
     assert ("Repair chosen: fp8_e4m3 KV cache, model dtype on layers 0, 1 (2,560 KV bytes a "
-            "token against 2,048; served with --kv-cache-dtype-skip-layers)") in md
+            "token against 2,048; served with --kv-cache-dtype-skip-layers 0 1)") in md
     assert "The whole KV cache quantized (K and V, every layer): KL 0.0520" in md
     assert "layers 0: KL 0.0300 [0.0270, 0.0330], +12.5% KV bytes" in md
     assert paths["sensitivity"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
