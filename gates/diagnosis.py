@@ -70,7 +70,7 @@ class Diagnosis(BaseModel):
     repair_target_why: str = ""
     repairs: list[RepairOption | KvRepairOption] = Field(
         default_factory=list, description="The options measured, cheapest first (a KV stage's: "
-        "its cache kept in the model dtype on its costliest layers).")
+        "E4M3 for E5M2, its costliest layers' cache kept in the model dtype).")
     repair: RepairOption | KvRepairOption | None = Field(
         None, description="The cheapest option whose KL interval lies under the target: what is "
         "built (or served with engine flags) as the repair stage.")

@@ -8,8 +8,9 @@ model's own shapes (scales as bf16, one per group or output channel). flows/diag
 options by emulation, a bisection within each family (`families`: the loss falls as a family's
 bytes rise), and the cheapest whose KL interval lies under its target is built and served as a
 stage of kind `repair`. A failed FP8 KV cache is repaired the way the engine can serve it:
-its costliest layers' cache kept in the model dtype (vLLM's --kv-cache-dtype-skip-layers), priced
-in KV bytes per token, what it gives back of the cache's capacity. Nothing here runs a model.
+E4M3 for E5M2 (one more mantissa bit, the same bytes), its costliest layers' cache kept in the
+model dtype (vLLM's --kv-cache-dtype-skip-layers), priced in KV bytes per token, what it takes
+back of the cache's capacity. Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -40,7 +41,16 @@ TARGET_SHARE = 0.5
 PLAIN_WITHIN = 0.05
 
 
-class RepairOption(BaseModel):
+class Emulated(BaseModel):
+    """An option's emulated KL (nats per scored token) with its interval, once measured."""
+
+    mean_kl: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    target: float | None = Field(None, description="The KL it must stay under (its precision's).")
+
+
+class RepairOption(Emulated):
     """One configuration: `weights` on every decoder linear but the kept ones (the costliest
     layers, or module kinds across all layers), which get `kept_as`; its weight bytes, and once
     measured its emulated KL."""
@@ -50,10 +60,6 @@ class RepairOption(BaseModel):
     kept_kinds: list[str] = Field(default_factory=list, description="Module kinds kept.")
     kept_as: str = Field("bf16", description="'bf16' (the parent's precision) or 'int8/channel'.")
     bytes: int = Field(description="Weight bytes of the whole model in this configuration.")
-    mean_kl: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    target: float | None = Field(None, description="The KL it must stay under (its precision's).")
 
     @property
     def name(self) -> str:
@@ -65,19 +71,16 @@ class RepairOption(BaseModel):
         return layer in self.kept_layers or kind in self.kept_kinds
 
 
-class KvRepairOption(BaseModel):
+class KvRepairOption(Emulated):
     """A KV-cache repair: the failed stage's cache format on every layer but `skip_layers`, which
     keep the model dtype (vLLM's --kv-cache-dtype-skip-layers: engine flags, nothing to build);
     its KV bytes per token, and once measured its emulated KL."""
 
-    kv_cache: str = Field(description="The failed stage's kv_cache axis, e.g. 'fp8_e4m3'.")
+    kv_cache: str = Field(description="The cache format, as the kv_cache axis names it: the failed "
+                          "stage's, or E4M3 for a failed E5M2 ('fp8_e4m3').")
     skip_layers: list[int] = Field(description="Decoder layers whose cache keeps the model dtype.")
     bytes: int = Field(description="KV-cache bytes per token of the whole model (the skipped "
                        f"layers at {KV_MODEL_BYTES} bytes an element, as bf16 ships).")
-    mean_kl: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    target: float | None = Field(None, description="The KL it must stay under (its precision's).")
 
     @property
     def name(self) -> str:
@@ -124,6 +127,9 @@ def kv_families(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[l
                                              bytes=kv_bytes(shape, kept)))
         families.append(family)
     return [family for family in families if family]
+
+
+Option = RepairOption | KvRepairOption  # what a diagnosis measures and chooses
 
 
 class LayerParams(BaseModel):
@@ -215,7 +221,7 @@ def target_kl(policy: GatePolicy, precision: str) -> tuple[float, str]:
                                "stage's interval must clear it")
 
 
-def chosen(measured: list[RepairOption | KvRepairOption]) -> tuple[RepairOption | KvRepairOption | None, str]:
+def chosen(measured: list[Option]) -> tuple[Option | None, str]:
     """The repair to build among the options measured, and why: the cheapest that passes, or a
     plain one (nothing kept) that passes within PLAIN_WITHIN of its bytes."""
     passing = sorted((o for o in measured if passes(o)), key=lambda o: o.bytes)
@@ -230,7 +236,7 @@ def chosen(measured: list[RepairOption | KvRepairOption]) -> tuple[RepairOption 
     return cheapest, "the cheapest configuration whose KL interval lies under its target"
 
 
-def passes(option: RepairOption | KvRepairOption) -> bool:
+def passes(option: Option) -> bool:
     """Measured, and its whole KL interval under its target."""
     return option.ci_high is not None and option.target is not None and option.ci_high <= option.target
 
