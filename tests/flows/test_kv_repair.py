@@ -27,7 +27,7 @@ FIXTURES = Path(__file__).parent / "served"
 LAYERS = 4
 
 
-def write_spec(tmp_path: Path, kv_flags: dict, **engine) -> Path:
+def write_spec(tmp_path: Path, kv_flags: dict) -> Path:
     models = make_demo_checkpoints(tmp_path / "models")
     for folder in models.values():  # a decoder of LAYERS layers, 2 KV heads of 16
         config = json.loads((folder / "config.json").read_text())
@@ -36,7 +36,7 @@ def write_spec(tmp_path: Path, kv_flags: dict, **engine) -> Path:
         (folder / "config.json").write_text(json.dumps(config))
     spec = {
         "candidate": "kv", "baseline": {"checkpoint": str(models["bf16"])},
-        "engine": {"kind": "vllm", **engine},
+        "engine": {"kind": "vllm"},
         "stages": [{"name": "a8", "kind": "weights_activations", "checkpoint": str(models["w8a8"])},
                    {"name": "kv", "kind": "kv_cache", "engine_flags": kv_flags}],
         "evalsets": [{"name": "math", "limit": 60}], "load_profile": "ci",
