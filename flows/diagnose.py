@@ -30,8 +30,9 @@ from gates.diagnosis import (
 from gates.policy import GatePolicy, precision_class, run_policy
 from gates.record import StageRecord
 from gates.verdict import Verdict
+from gates.whatif.shape import ModelShape
 from infra import sensitivity
-from infra.errors import MeasurementError, QuantgateError, did_you_mean
+from infra.errors import MeasurementError, QuantgateError, SpecError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -329,10 +330,14 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
     --kv-cache-dtype-skip-layers; a bisection within each family (gates.repair.kv_families),
     bounded by the cheapest passing option found so far, as for weights."""
     ranking = sorted(per_layer, key=lambda layer: (-per_layer[layer], layer))
-    shape = repair.KvShape(**sensitivity.kv_shape(model))
+    try:
+        shape = ModelShape.from_config(model.module.config.to_dict())
+    except SpecError as err:  # what the what-if cannot size, no option can be priced
+        diagnosis.skipped.append(f"KV repairs: {err}")
+        return
     target, why = repair.target_kl(policy, precision_class(axes))
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
-    diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, fmt.skipped)
+    diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, axes["kv_cache"])
     everything = tuple(range(model.layers))
     with sensitivity.kv_quantized(model, sensitivity.KvGroup("failed", everything, True, True), fmt):
         failed = cost("K and V all layers", "kv_all", sensitivity.kl_per_position(model, corpus))

@@ -20,6 +20,7 @@ import math
 from pydantic import BaseModel, Field
 
 from gates.policy import GatePolicy
+from gates.whatif.shape import ModelShape, stage_format
 from infra.kv_axis import split_skipped, with_skipped
 from infra.sensitivity import parse_format
 
@@ -28,8 +29,6 @@ KEPT_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24)  # costliest layers kept, as op
 MIN_GROUP = 16  # the finest group size offered
 FALLBACK = "int8/channel"  # also the higher precision a kept group may get
 KEPT_AS = ("bf16", FALLBACK)
-KV_QUANTIZED_BYTES = 1  # fp8: the KV formats a repair searches (flows/diagnose: sensitivity.parse_kv)
-KV_MODEL_BYTES = 2  # bf16, the precision a skipped layer's cache ships in
 KV_MORE_MANTISSA = {"fp8_e5m2": "fp8_e4m3"}  # the same bytes, a finer step (less range)
 # The emulated KL a repair may reach, as a share of the limit: the engine then judges it by an
 # interval on its own corpus and answers, which must clear the limit, and length and accuracy
@@ -79,8 +78,8 @@ class KvRepairOption(Emulated):
     kv_cache: str = Field(description="The cache format, as the kv_cache axis names it: the failed "
                           "stage's, or E4M3 for a failed E5M2 ('fp8_e4m3').")
     skip_layers: list[int] = Field(description="Decoder layers whose cache keeps the model dtype.")
-    bytes: int = Field(description="KV-cache bytes per token of the whole model (the skipped "
-                       f"layers at {KV_MODEL_BYTES} bytes an element, as bf16 ships).")
+    bytes: int = Field(description="KV-cache bytes per token of the whole model, the skipped "
+                       "layers in bf16 as it ships (kv_bytes).")
 
     @property
     def name(self) -> str:
@@ -93,23 +92,14 @@ class KvRepairOption(Emulated):
         return with_skipped(self.kv_cache, self.skip_layers)
 
 
-class KvShape(BaseModel):
-    """What a KV cache's size per token depends on."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
+def kv_bytes(shape: ModelShape, kv_cache: str) -> int:
+    """K and V of every layer for one token in the `kv_cache` axis's format: what the what-if
+    counts (gates.whatif.shape: fp8 one byte an element, bf16's two on the skipped layers)."""
+    return round(stage_format({"kv_cache": kv_cache}, shape).kv_bytes_per_token(shape))
 
 
-def kv_bytes(shape: KvShape, skip_layers: list[int] | tuple[int, ...] = ()) -> int:
-    """K and V of every layer for one token: one byte an element quantized (fp8), the model
-    dtype's on the skipped layers."""
-    skipped = len(set(skip_layers))
-    per_layer = 2 * shape.kv_heads * shape.head_dim
-    return per_layer * ((shape.layers - skipped) * KV_QUANTIZED_BYTES + skipped * KV_MODEL_BYTES)
-
-
-def kv_families(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[list[KvRepairOption]]:
+def kv_families(shape: ModelShape, failed: str,
+                layer_ranking: list[int]) -> list[list[KvRepairOption]]:
     """The options in families, each cheapest first, along which the loss should fall as bytes
     rise: the costliest layers (`layer_ranking`) kept in the model dtype, 1, 2, 3, 4, 6, ... of
     them, in the failed format; and where it is E5M2 (two mantissa bits), E4M3 in its bytes
@@ -117,14 +107,15 @@ def kv_families(shape: KvShape, failed: str, layer_ranking: list[int]) -> list[l
     base, skipped = split_skipped(failed)
     formats = [base, *([KV_MORE_MANTISSA[base]] if base in KV_MORE_MANTISSA else [])]
     families = [[KvRepairOption(kv_cache=fmt, skip_layers=sorted(skipped),
-                                bytes=kv_bytes(shape, skipped))] for fmt in formats[1:]]
+                                bytes=kv_bytes(shape, with_skipped(fmt, skipped)))]
+                for fmt in formats[1:]]
     for fmt in formats:
         family = []
         for k in KEPT_LAYERS:
             kept = sorted({*skipped, *layer_ranking[:k]})
-            if len(kept) < shape.layers and len(layer_ranking) >= k:
+            if len(kept) < shape.num_layers and len(layer_ranking) >= k:
                 family.append(KvRepairOption(kv_cache=fmt, skip_layers=kept,
-                                             bytes=kv_bytes(shape, kept)))
+                                             bytes=kv_bytes(shape, with_skipped(fmt, kept))))
         families.append(family)
     return [family for family in families if family]
 

@@ -252,13 +252,6 @@ def _linears(model: Model, group: Group) -> Iterator:
             yield getattr(parent, kind)
 
 
-def kv_shape(model: Model) -> dict:
-    """Decoder layers, KV heads and head width (gates.repair.KvShape's fields)."""
-    config = model.module.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return {"layers": model.layers, "kv_heads": model.kv_heads, "head_dim": head_dim}
-
-
 def layer_params(model: Model) -> dict:
     """Per decoder layer its linears' input and output widths (MODULE_KINDS order), and every
     other parameter's count (gates.repair.LayerParams' fields)."""

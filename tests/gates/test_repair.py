@@ -17,6 +17,7 @@ from gates.repair import (
     target_kl,
     weight_bytes,
 )
+from gates.whatif.shape import ModelShape
 from tests.gates.records import record
 
 KINDS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -26,6 +27,9 @@ OUT = [576, 192, 192, 576, 1536, 1536, 576]
 PARAMS = LayerParams(kinds=KINDS, in_features=[IN] * 30, out_features=[OUT] * 30,
                      other=49152 * 576 + 61 * 576)
 BASE = [1.0, 0.0] * 30
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+           "tie_word_embeddings": True}  # config.json's shape keys
 
 
 def test_bytes_count_each_format_with_its_scales():
@@ -98,10 +102,7 @@ def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
                           repair=RepairOption(weights="int4/group32", kept_layers=[29], bytes=120))
     # The speed each would ship at, predicted from its shape and format: the repair (INT4 with a
     # layer kept in bf16, a mixed checkpoint) between the failed INT4 stage and the baseline.
-    shape = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-             "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
-             "tie_word_embeddings": True}
-    baseline.shape = failed.shape = good_repair.shape = shape
+    baseline.shape = failed.shape = good_repair.shape = SMOLLM2
     failed.axes = good_repair.axes = baseline.axes | {"weights": "int4/group64"}
     good_repair.weight_mix = {"int4/group32": 29 / 30, "none": 1 / 30}
     (judged,) = repair_verdicts("c", [baseline, failed, good_repair], policy, {"w4": diagnosis})
@@ -119,10 +120,12 @@ def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
 
 
 def test_kv_options_keep_the_costliest_layers_first_and_never_every_layer():
-    from gates.repair import KvShape, kv_bytes, kv_families
+    from gates.repair import kv_bytes, kv_families
+    from infra.kv_axis import with_skipped
 
-    shape = KvShape(layers=30, kv_heads=3, head_dim=64)  # SmolLM2-135M
-    assert kv_bytes(shape) == 2 * 30 * 3 * 64 and kv_bytes(shape, [4, 4]) == 2 * 31 * 3 * 64
+    shape = ModelShape.from_config(SMOLLM2)
+    assert kv_bytes(shape, "fp8_e4m3") == 2 * 30 * 3 * 64
+    assert kv_bytes(shape, with_skipped("fp8_e4m3", [4, 4])) == 2 * 31 * 3 * 64
     ranking = [7, 0, 3, *[layer for layer in range(30) if layer not in (7, 0, 3)]]
     (found,) = kv_families(shape, "fp8_e4m3", ranking)
     assert [len(o.skip_layers) for o in found] == [1, 2, 3, 4, 6, 8, 12, 16, 20, 24]
@@ -132,16 +135,19 @@ def test_kv_options_keep_the_costliest_layers_first_and_never_every_layer():
     # A stage that already skips layers is repaired on top of them, never with fewer.
     (again,) = kv_families(shape, "fp8_e4m3/calibrated/skip:29", ranking)
     assert again[0].kv_cache == "fp8_e4m3/calibrated" and again[0].skip_layers == [7, 29]
-    assert kv_families(KvShape(layers=1, kv_heads=1, head_dim=8), "fp8_e4m3", [0]) == []
+    one_layer = ModelShape.from_config(SMOLLM2 | {"num_hidden_layers": 1})
+    assert kv_families(one_layer, "fp8_e4m3", [0]) == []
 
 
 def test_a_failed_e5m2_cache_is_offered_e4m3_in_its_own_bytes_first():
-    from gates.repair import KvShape, kv_bytes, kv_families
+    from gates.repair import kv_families
 
-    shape = KvShape(layers=4, kv_heads=2, head_dim=16)
+    shape = ModelShape.from_config({"hidden_size": 64, "num_hidden_layers": 4,
+                                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "head_dim": 16, "intermediate_size": 128, "vocab_size": 96})
     switch, e5m2, e4m3 = kv_families(shape, "fp8_e5m2", [2, 1, 0, 3])
     assert [(o.kv_cache, o.skip_layers, o.bytes) for o in switch] == [
-        ("fp8_e4m3", [], kv_bytes(shape))]
+        ("fp8_e4m3", [], 2 * 4 * 2 * 16)]
     assert switch[0].name == "fp8_e4m3 KV cache" and switch[0].axis == "fp8_e4m3"
     assert {o.kv_cache for o in e5m2} == {"fp8_e5m2"} and {o.kv_cache for o in e4m3} == {"fp8_e4m3"}
     assert [o.skip_layers for o in e4m3] == [[2], [1, 2], [0, 1, 2]]
