@@ -258,10 +258,10 @@ def repair_verdicts(candidate: str, records: list[StageRecord], policy: GatePoli
         stage = diagnosis.repair_stage
         if stage is None or stage not in by_name or diagnosis.repair is None:
             continue
-        verdict = decide(candidate, chain(records, stage), policy, final=stage)
+        judged = chain(records, stage)
+        verdict = decide(candidate, judged, policy, final=stage)
         facts = by_name[stage].facts
-        compared = [r for r in (by_name[stage], by_name.get(failed), chain(records, stage)[0])
-                    if r is not None]
+        compared = [r for r in (by_name[stage], by_name.get(failed), judged[0]) if r is not None]
         tpot = {r.name: one_user_tpot_ms(r) for r in compared}
         kv = isinstance(diagnosis.repair, KvRepairOption)
         sizes = ({"kv_bytes_per_token": diagnosis.repair.bytes,
