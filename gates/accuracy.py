@@ -63,6 +63,8 @@ def serves_quantized_kv(axes: dict[str, str] | None) -> bool:
 def by_sample(pairs: Pairs) -> Pairs:
     """Sampled items as their samples, sample j against sample j (the same seed on both sides),
     the k samples of an item one cluster (evalsets.sampling); other pairs as they are."""
+    if not any(first.samples or second.samples for first, second in pairs):
+        return list(pairs)
     out: Pairs = []
     for first, second in pairs:
         mine, theirs = sub_items(first), sub_items(second)
@@ -118,14 +120,16 @@ class SetCounts:
         samples = samples_per_item(vs_baseline)
         vs_baseline, vs_parent = by_sample(vs_baseline), by_sample(vs_parent)
         deff = set_design_effect(vs_baseline) if deff is None else deff
+        both = [(correct(b), correct(s)) for b, s in vs_baseline]
+        parent = [(correct(p), correct(s)) for p, s in vs_parent]
         return cls(
             rule=rule, n=len(vs_baseline),
-            baseline_correct=sum(correct(b) for b, _ in vs_baseline),
-            stage_correct=sum(correct(s) for _, s in vs_baseline),
-            broke=sum(correct(b) and not correct(s) for b, s in vs_baseline),
-            fixed=sum(not correct(b) and correct(s) for b, s in vs_baseline),
-            parent_broke=sum(correct(p) and not correct(s) for p, s in vs_parent),
-            parent_fixed=sum(not correct(p) and correct(s) for p, s in vs_parent),
+            baseline_correct=sum(b for b, _ in both),
+            stage_correct=sum(s for _, s in both),
+            broke=sum(b and not s for b, s in both),
+            fixed=sum(s and not b for b, s in both),
+            parent_broke=sum(p and not s for p, s in parent),
+            parent_fixed=sum(s and not p for p, s in parent),
             strata=_strata(vs_baseline, deff),
             samples=samples,
         )

@@ -85,6 +85,13 @@ def score_z(strata: list[Stratum] | tuple[np.ndarray, np.ndarray, np.ndarray],
     `strata` is a list of Stratum (weighted, with design effects), or arrays (n, broke, fixed) of
     shape (sets,) or (sets, draws), pooled with equal weights.
     """
+    return _z(_arrays(strata), delta)
+
+
+def _arrays(strata: list[Stratum] | tuple[np.ndarray, np.ndarray, np.ndarray]
+            ) -> tuple[np.ndarray, ...]:
+    """(n, broke, fixed, weights, inflation) as arrays, read once for every delta a root
+    search asks."""
     if isinstance(strata, list):
         n = np.array([s.n for s in strata], dtype=float)
         broke = np.array([s.broke for s in strata], dtype=float)
@@ -95,6 +102,11 @@ def score_z(strata: list[Stratum] | tuple[np.ndarray, np.ndarray, np.ndarray],
         weights, inflation = np.full(n.shape[0], 1 / n.shape[0]), np.ones(n.shape[0])
     if n.ndim == 2:
         weights, inflation = weights[:, None], inflation[:, None]
+    return n, broke, fixed, weights, inflation
+
+
+def _z(arrays: tuple[np.ndarray, ...], delta: float) -> np.ndarray | float:
+    n, broke, fixed, weights, inflation = arrays
     estimate = (weights * (fixed - broke) / n).sum(axis=0)
     q = restricted_broke_rate(n, broke, fixed, delta)
     variance = (weights**2 * inflation * (2 * q + delta - delta * delta) / n).sum(axis=0)
@@ -127,11 +139,13 @@ def _score_interval(strata: tuple[Stratum, ...], one_sided_alpha: float
     z = float(stats.norm.ppf(1 - one_sided_alpha))
     eps = 1e-9
 
+    arrays = _arrays(strata)
+
     def lower(d: float) -> float:
-        return score_z(strata, d) - z
+        return _z(arrays, d) - z
 
     def upper(d: float) -> float:
-        return score_z(strata, d) + z
+        return _z(arrays, d) + z
 
     low = -1 + eps if lower(-1 + eps) <= 0 else optimize.brentq(lower, -1 + eps, point)
     high = 1 - eps if upper(1 - eps) >= 0 else optimize.brentq(upper, point, 1 - eps)

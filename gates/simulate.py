@@ -236,21 +236,25 @@ def grown_order(shape: SetShape, order: np.ndarray, size: int,
     return np.concatenate([order, new]).astype(int)
 
 
-def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
-            lengths: dict[str, np.ndarray], sizes: dict[str, int],
-            tokens: PairedTokens | None,
-            order: dict[str, np.ndarray] | None = None) -> QualityResult:
-    """A stage's quality record at `sizes` items per set (the first items of each pool), or at
-    the pool items `order` names per set, in that order (a set grown by group)."""
-    tasks = {}
-    for shape in shapes:
-        index = (order or {}).get(shape.name)
-        if index is None:
-            index = np.arange(sizes[shape.name])
-        right, true_length = answers[shape.name][index], lengths[shape.name][index]
+class PoolItems:
+    """Each pool item of one set as one stage answered it, built when a look first takes it
+    (the looks of a stage take the same items again; nothing downstream changes an item)."""
+
+    def __init__(self, shape: SetShape, answers: np.ndarray, lengths: np.ndarray):
+        self.shape, self.answers, self.lengths = shape, answers, lengths
+        self.built: dict[int, QualityItem] = {}
+
+    def take(self, index: list[int]) -> list[QualityItem]:
+        new = [i for i in dict.fromkeys(index) if i not in self.built]
+        if new:
+            self.built.update(zip(new, self._build(np.array(new, dtype=int)), strict=True))
+        return [self.built[i] for i in index]
+
+    def _build(self, index: np.ndarray) -> list[QualityItem]:
+        shape, right, true_length = self.shape, self.answers[index], self.lengths[index]
         n = len(index)
-        # Built unvalidated (model_construct): every field is drawn here with its declared type,
-        # and a trial builds thousands of items.
+        # Built unvalidated (model_construct): every field is drawn here with its declared
+        # type, and a trial builds thousands of items.
         scores = (right.mean(axis=1) if right.ndim == 2 else right).astype(float).tolist()
         tokens_out = np.minimum(true_length, shape.budget).astype(int).tolist()
         cut = (true_length >= shape.budget).tolist()
@@ -259,13 +263,27 @@ def quality(shapes: tuple[SetShape, ...], answers: dict[str, np.ndarray],
                     else [None] * n)
         samples = right.astype(float).tolist() if right.ndim == 2 else [None] * n
         ids = index.tolist()
-        items = [QualityItem.model_construct(
+        return [QualityItem.model_construct(
             id=str(ids[i]), prompt_hash="h", response="", samples=samples[i], score=scores[i],
             output_tokens=tokens_out[i], finish_reason="length" if cut[i] else "stop",
             group=groups[i] or None, cluster=clusters[i], reasoning_tokens=None)
             for i in range(n)]
+
+
+def quality(shapes: tuple[SetShape, ...], items: dict[str, PoolItems],
+            sizes: dict[str, int], tokens: PairedTokens | None,
+            order: dict[str, np.ndarray] | None = None) -> QualityResult:
+    """A stage's quality record at `sizes` items per set (the first items of each pool), or at
+    the pool items `order` names per set, in that order (a set grown by group); `items` are
+    each set's pool items as the stage answered them."""
+    tasks = {}
+    for shape in shapes:
+        index = (order or {}).get(shape.name)
+        chosen = items[shape.name].take(
+            list(range(sizes[shape.name])) if index is None else index.tolist())
+        scores = [item.score for item in chosen]
         tasks[shape.name] = TaskQuality.model_construct(
-            task=shape.name, metric="acc", items=items,
+            task=shape.name, metric="acc", items=chosen,
             value=float(np.mean(scores)) if scores else float("nan"))
     divergence = None if tokens is None else Divergence(
         tokens=tokens.tokens, mean_kl=float(tokens.values("kl").mean()),

@@ -124,8 +124,9 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
     answers = {s.name: simulate.baseline_answers(rng, s) for s in shapes}
     lengths = {s.name: simulate.baseline_lengths(rng, s) for s in shapes}
     base_load, _ = _load(rng, scenario, None, 0.0, policy)
+    items = {s.name: simulate.PoolItems(s, answers[s.name], lengths[s.name]) for s in shapes}
     records = [_record("baseline", None, UNQUANTIZED,
-                       simulate.quality(shapes, answers, lengths, pools, None), base_load, None)]
+                       simulate.quality(shapes, items, pools, None), base_load, None)]
     axes = scenario.axes or (W8A8_KV if scenario.kv else W8A8)
     max_kl = policy.tolerance(precision_class(axes)).max_kl
     before = Step()
@@ -141,7 +142,9 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
         tokens = simulate.paired_tokens(rng, scenario.corpus_tokens, step.kl * max_kl, step.top1,
                                         0.006 * (step_index + 1))
         order = {s.name: np.arange(s.first) for s in shapes}
-        quality = simulate.quality(shapes, answers, lengths, sizes, tokens, order)
+        items = {s.name: simulate.PoolItems(s, answers[s.name], lengths[s.name])
+                 for s in shapes}
+        quality = simulate.quality(shapes, items, sizes, tokens, order)
         parent_quality = records[-1].quality if step_index else None
         while quality.looks < policy.quality.max_looks:  # as flows.adaptive does
             look = next_look(quality, records[0].quality, precision_class(axes), policy, pools,
@@ -152,7 +155,7 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
             earlier = quality.look_sizes + [{name: len(o) for name, o in order.items()}]
             order = {s.name: simulate.grown_order(s, order[s.name], look.sizes[s.name],
                                                   look.groups.get(s.name)) for s in shapes}
-            quality = simulate.quality(shapes, answers, lengths, sizes, tokens, order)
+            quality = simulate.quality(shapes, items, sizes, tokens, order)
             quality.looks, quality.look_sizes = looks + 1, earlier
         records.append(_record(name, parent, axes, quality, load, paired))
         before = step
