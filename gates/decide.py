@@ -95,8 +95,10 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy,
         return True
 
     # Only a configuration that was really served can be rolled back to; a control is a copy.
-    accepted = next((r for r in reversed(records) if chain_passed(r.name) and not r.emulated
-                     and r.kind not in ("control", "repair")), None)
+    servable = [r for r in records if chain_passed(r.name) and r.kind not in ("control", "repair")]
+    accepted = next((r for r in reversed(servable) if not r.emulated), None)
+    passed_emulated = [r.name for r in servable[servable.index(accepted) + 1 if accepted else 0:]
+                       if r.emulated]
     judged = {name: v for name, v in verdicts.items()
               if by_name[name].kind != "repair" or name == final}
     final_ok = final_record is not None and all(v.passed for v in judged.values())
@@ -118,7 +120,8 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy,
         reasons=reasons,
         advisories=advisories,
         rollback_plan=RollbackPlan(stage=accepted.name, command=command, axes=accepted.axes,
-                                   fingerprint=accepted.fingerprint) if accepted else None,
+                                   fingerprint=accepted.fingerprint,
+                                   passed_emulated=passed_emulated) if accepted else None,
         candidate_hash=candidate_hash(final_record or records[-1]),
         policy=policy.model_dump(mode="json"),
     )

@@ -65,6 +65,19 @@ class RollbackPlan(BaseModel):
     command: str | None = Field(description="The exact engine command line, ready to paste.")
     axes: dict[str, str] = Field(default_factory=dict)
     fingerprint: str | None = None
+    passed_emulated: list[str] = Field(
+        default_factory=list, description="Later stages whose chain passed but that served "
+        "dequantized (emulated) weights: their format was never served, so the plan cannot be "
+        "one of them.")
+
+    def skipped(self) -> str:
+        """Why a later stage that passed is not the plan ('' when none is)."""
+        if not self.passed_emulated:
+            return ""
+        one = len(self.passed_emulated) == 1
+        return (f"stage{'' if one else 's'} {', '.join(self.passed_emulated)} passed but served "
+                f"dequantized (emulated) weights: {'its' if one else 'their'} format was never "
+                f"served, so {'it is' if one else 'they are'} not a configuration to roll back to")
 
 
 class RepairVerdict(BaseModel):

@@ -70,6 +70,9 @@ def print_verdict(verdict) -> None:
         console.print(f"rollback to stage [bold]{escape(str(verdict.accepted_stage))}[/]:")
         console.print(escape(redact(verdict.rollback_command or "(no stage was accepted)")),
                       soft_wrap=True, highlight=False)
+        if verdict.rollback_plan is not None and verdict.rollback_plan.skipped():
+            console.print(f"({escape(verdict.rollback_plan.skipped())})", soft_wrap=True,
+                          highlight=False)
     for judged in verdict.repairs:  # built after the rollback: the decision above stands
         color = "green" if judged.decision == "go" else "red"
         console.print(f"repair of {escape(judged.repairs)}: stage {escape(judged.stage)} "

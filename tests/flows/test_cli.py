@@ -76,16 +76,20 @@ def test_verdict_reasons_keep_their_bracketed_intervals(capsys):
     from types import SimpleNamespace as NS
 
     from flows.commands import shared
+    from gates.verdict import RollbackPlan
 
     check = NS(rule="length", reason="CI [x0.9, x1.0]")  # rich would eat it as a markup tag
     stage = NS(stage="a8", kind="activations", parent="w8", passed=False, failures=[check])
     repair = NS(repairs="a8", stage="a8-repair", configuration="int8/channel", decision="go",
                 reasons=["a8-repair: length: x1.2 [x1.1, x1.3]"])
     verdict = NS(candidate="c", decision="rollback", stages=[stage], advisories=["n [x1, x2]"],
-                 accepted_stage="baseline", rollback_command="vllm serve m", repairs=[repair])
+                 accepted_stage="baseline", rollback_command="vllm serve m", repairs=[repair],
+                 rollback_plan=RollbackPlan(stage="baseline", command="vllm serve m",
+                                            passed_emulated=["w8"]))
     shared.print_verdict(verdict)
     out = capsys.readouterr().out
     assert "[x0.9, x1.0]" in out and "n [x1, x2]" in out
+    assert "(stage w8 passed but served dequantized (emulated) weights" in " ".join(out.split())
     assert "repair of a8: stage a8-repair (int8/channel): GO" in out and "[x1.1, x1.3]" in out
 
 

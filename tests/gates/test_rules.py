@@ -166,6 +166,9 @@ def test_verdict_json_carries_the_rollback_plan_and_a_stable_candidate_hash(tmp_
     # w8 is emulated: the last configuration really served and accepted is the baseline.
     assert verdict.rollback_plan.stage == "baseline"
     assert verdict.rollback_plan.command == "vllm --model baseline"
+    # ... and the plan says why the stage that passed after it is not the one named.
+    assert verdict.rollback_plan.passed_emulated == ["w8"]
+    assert verdict.rollback_plan.skipped().startswith("stage w8 passed but served dequantized")
     data = json.loads(verdict.save(tmp_path / "verdict.json").read_text())
     assert data["schema_version"] == "2" and data["policy"]["tolerances"]["8bit"]["accuracy_margin"] == 0.08
     rules = {c["rule"]: c for c in data["stages"][2]["checks"]}
