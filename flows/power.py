@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
-import signal
 from pathlib import Path
 
 from evalsets.contracts import data_files, load_contract
@@ -20,6 +18,7 @@ from gates.policy import GatePolicy, precision_class
 from gates.power import SIMULATION_VERSION, DecisionPower, power_runs, simulate
 from gates.simulate import SetShape
 from infra.errors import SpecError
+from infra.spread import spread
 
 PLANNING_ACCURACY = 0.5  # the baseline's accuracy is unknown before it runs
 
@@ -133,31 +132,12 @@ def simulated(shapes: tuple[SetShape, ...], kinds: list[dict[str, str]], policy:
     plans = {key: _read(key) for key in keys}
     missing = {key: power_runs(shapes, axes, policy, trials)
                for key, axes in zip(keys, kinds, strict=True) if plans[key] is None}
-    results = iter(_spread([job for runs in missing.values() for job in runs.jobs(policy)]))
+    results = iter(spread(simulate, [job for runs in missing.values()
+                                      for job in runs.jobs(policy)]))
     for key, runs in missing.items():
         plans[key] = runs.assemble([next(results) for _ in runs.scenarios])
         _write(key, plans[key])
     return [plans[key] for key in keys]  # type: ignore[misc]
-
-
-def _spread(jobs: list) -> list[tuple[float, dict]]:
-    """The simulations in forked worker processes, one per core. A fork is safe here: a worker
-    only computes (CPython renews the import and logging locks in a forked child, and no worker
-    takes another lock a thread of the parent may hold); a fresh interpreter (spawn) would
-    import the caller's main module again, which a script without a main guard cannot take."""
-    workers = min(len(jobs), len(os.sched_getaffinity(0)))
-    if workers <= 1:
-        return [simulate(job) for job in jobs]
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_leave_signals) as pool:
-        return pool.map(simulate, jobs, chunksize=1)  # leaving the block terminates the workers
-
-
-def _leave_signals() -> None:
-    """Ctrl-C and SIGTERM reach the whole process group: the parent handles them and stops the
-    pool. A worker forked with the parent's handlers would act as the parent (flows.interrupt)
-    or wait on a queue for ever; it takes SIGTERM as the default and leaves Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _key(shapes: tuple[SetShape, ...], axes: dict[str, str], policy: GatePolicy,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -11,6 +11,9 @@ from rich.table import Table
 
 from flows.commands.shared import console, fail
 from infra.errors import QuantgateError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 app = typer.Typer()
 
@@ -79,6 +82,14 @@ def _gpu_workload(found, origin: str, named_profile: bool, slo: str | None):
             f"SLO preset {preset} ({chosen.source}; {why}), {where}")
 
 
+def _predict(job: tuple) -> pd.DataFrame:
+    """One stage on one GPU (a worker process's unit of work)."""
+    from gates.whatif import whatif_table
+
+    config, stage, target, workload, settings, rate = job
+    return whatif_table(config, stage, [target], workload, settings=settings, rate=rate)
+
+
 @app.command()
 def whatif(
     source: Annotated[Path, typer.Argument(help="A spec (YAML) or a results folder.")],
@@ -104,10 +115,10 @@ def whatif(
 
     import pandas as pd
 
-    from gates.whatif import whatif_table
     from gates.whatif.hardware import load_devices
     from gates.whatif.search import SimSettings
     from gates.whatif.section import DEFAULT_GPUS, REPORT_SETTINGS, describe_workload, rate_text
+    from infra.spread import spread
     from load.gpu_slos import PRESETS
 
     known = load_devices()
@@ -123,14 +134,14 @@ def whatif(
     try:
         stages, found, origin, skipped = _whatif_inputs(source, profile)
         workload, origin = _gpu_workload(found, origin, profile is not None, slo)
-        predicted: dict[str, pd.DataFrame] = {}  # stages that serve alike are predicted once
-        tables = []
-        for name, emulated, config, axes in stages:
-            key = json.dumps([config, axes], sort_keys=True, default=str)
-            if key not in predicted:
-                predicted[key] = whatif_table(config, {name: axes}, gpus, workload,
-                                              settings=settings, rate=rate)
-            tables.append(predicted[key].assign(stage=name, emulated=emulated))
+        # Stages that serve alike are predicted once; each (stage, GPU) on a core of its own.
+        keys = {name: json.dumps([config, axes], sort_keys=True, default=str)
+                for name, _, config, axes in stages}
+        jobs = {(keys[name], target): (config, {name: axes}, target, workload, settings, rate)
+                for name, _, config, axes in stages for target in gpus}
+        rows = dict(zip(jobs, spread(_predict, list(jobs.values())), strict=True))
+        tables = [pd.concat([rows[keys[name], target] for target in gpus], ignore_index=True)
+                  .assign(stage=name, emulated=emulated) for name, emulated, _, _ in stages]
     except QuantgateError as err:
         fail(str(err))
     table = Table(title=f"Capacity what-if of {escape(source.name)}: PREDICTION, not a measurement",
