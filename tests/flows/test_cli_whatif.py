@@ -160,3 +160,17 @@ def test_a_mixed_checkpoint_in_a_spec_is_predicted_on_each_formats_share(tmp_pat
     # Decode streams the weights: the one-user TPOT lies between the two plain formats'.
     tpot = {name: float(rows[name].split("│")[4]) for name in ("int4", "mixed", "int8")}
     assert tpot["int4"] < tpot["mixed"] < tpot["int8"], tpot
+
+
+def test_a_rate_the_simulation_cannot_run_is_one_line_from_the_worker_processes(tmp_path):
+    """The rate is refused inside each (stage, GPU) prediction, which runs in a worker process:
+    the refusal comes back as the one line and exit 2 a refusal in the command itself gives."""
+    spec = write_spec(tmp_path)
+    for checkpoint in (tmp_path / "models").iterdir():
+        config = checkpoint / "config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
+    result = runner.invoke(app, ["whatif", str(spec), "--rate", "1e12"], env=WIDE)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --rate 1e+12 req/s: the simulation "
+                                                   "would draw"), result.output
