@@ -32,10 +32,7 @@ def test_neither_spec_nor_results_folder_is_refused(tmp_path):
 
 
 def test_from_a_spec_every_planned_stage_is_predicted(tmp_path):
-    spec = write_spec(tmp_path)
-    for checkpoint in (tmp_path / "models").iterdir():
-        config = checkpoint / "config.json"
-        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
+    spec = qwen_spec(tmp_path)
     result = runner.invoke(app, ["whatif", str(spec), "--gpu", "h100-sxm", "--rate", "5"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "PREDICTION, not a measurement" in result.output
@@ -165,11 +162,7 @@ def test_a_mixed_checkpoint_in_a_spec_is_predicted_on_each_formats_share(tmp_pat
 def test_a_rate_the_simulation_cannot_run_is_one_line_from_the_worker_processes(tmp_path):
     """The rate is refused inside each (stage, GPU) prediction, which runs in a worker process:
     the refusal comes back as the one line and exit 2 a refusal in the command itself gives."""
-    spec = write_spec(tmp_path)
-    for checkpoint in (tmp_path / "models").iterdir():
-        config = checkpoint / "config.json"
-        config.write_text(json.dumps(json.loads(config.read_text()) | QWEN))
-    result = runner.invoke(app, ["whatif", str(spec), "--rate", "1e12"], env=WIDE)
+    result = runner.invoke(app, ["whatif", str(qwen_spec(tmp_path)), "--rate", "1e12"], env=WIDE)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --rate 1e+12 req/s: the simulation "
