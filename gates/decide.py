@@ -95,10 +95,10 @@ def decide(candidate: str, records: list[StageRecord], policy: GatePolicy,
         return True
 
     # Only a configuration that was really served can be rolled back to; a control is a copy.
-    servable = [r for r in records if chain_passed(r.name) and r.kind not in ("control", "repair")]
-    accepted = next((r for r in reversed(servable) if not r.emulated), None)
-    passed_emulated = [r.name for r in servable[servable.index(accepted) + 1 if accepted else 0:]
-                       if r.emulated]
+    passed = [r for r in records if chain_passed(r.name) and r.kind not in ("control", "repair")]
+    accepted = next((r for r in reversed(passed) if not r.emulated), None)
+    passed_emulated = ([r.name for r in passed[passed.index(accepted) + 1:] if r.emulated]
+                       if accepted else [])
     judged = {name: v for name, v in verdicts.items()
               if by_name[name].kind != "repair" or name == final}
     final_ok = final_record is not None and all(v.passed for v in judged.values())
