@@ -174,6 +174,11 @@ class QualityResult(Stored):
         "that one of them decided stays decided (group-sequential), so the gates judge each look "
         "on its own prefix of the items."
     )
+    reach: dict[str, int] = Field(
+        default_factory=dict, description="Items each set ('math') and each group of a set "
+        "('long_context.4k') can reach by the last look: a set or group is held to the loss that "
+        "many items resolve, at every look (gates.accuracy.own_margin); absent, the items it has."
+    )
     own_sizes: dict[str, int] | None = Field(
         default=None, description="Items per set this stage's own looks ended with, where a later "
         "stage had it answer more as its parent served again (None: every item is its own): "

@@ -163,6 +163,12 @@ def grow_until_decided(
             orders.update({name: order for name, s in sets.items() if (order := group_order(s))})
         return {name: dict(Counter(order)) for name, order in orders.items()}
 
+    if not quality.reach:  # what each set and group can reach holds its own margin at every look
+        first = quality.look_sizes[0] if quality.look_sizes else {
+            name: len(task.items) for name, task in quality.tasks.items()}
+        quality.reach = {name: policy.reachable(n, pools.get(name, n)) for name, n in first.items()}
+        quality.reach |= {f"{name}.{group}": n for name, counts in group_pools().items()
+                          for group, n in counts.items()}
     started = time.monotonic()
     beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
 

@@ -180,6 +180,21 @@ class SetCounts:
                 f"({self.broke} right->wrong, {self.fixed} wrong->right{clustered})")
 
 
+def own_margin(counts: SetCounts, margin: float, factor: float, policy: GatePolicy,
+               reach: int | None = None) -> float:
+    """The margin a set or group is held to on its own: the loss the items it can reach by the
+    last look (`reach`, else the items it has) resolve, z x sqrt(planning discordance / n) (n:
+    effective pairs), within [margin, factor x margin]. A small set keeps its factor (code's 80
+    items cannot tell -8 from 0 points); a large one is held to the pooled margin (an equivalent
+    one still passes: the margin shrinks with the interval); a 250-item bucket of a 1,000-item
+    set is held to 14 points, not 20. One margin at every look (read from the reach, never from
+    the answers): an early look's few items do not judge a bucket at a wider one."""
+    q = policy.quality
+    n = max(1, effective_pairs(reach or counts.items, counts.samples))
+    resolves = q.size_margin_z * math.sqrt(q.planning_discordance / n)
+    return min(factor * margin, max(margin, resolves))
+
+
 def _interval_text(estimate: float, low: float, high: float, level: float) -> str:
     return (f"paired diff {points(estimate)} pts, one-sided {1 - level:.1%} score bounds "
             f"[{points(low)}, {points(high)}]")
@@ -398,10 +413,10 @@ def checks_at_look(
         return [missing("quality", "quality")]
     precision = precision_class(stage.axes)
     margin = policy.tolerance(precision).accuracy_margin
-    set_margin, group_margin = margin * q.set_margin_factor, margin * q.group_margin_factor
     ratio = q.max_error_ratio  # sets only: a group (a bucket of ~30) is a collapse detector
     per_group = groups_required(stage.axes, policy)
     paired, problems = measured_sets(stage.quality, parent.quality, baseline.quality)
+    reach = stage.quality.reach
     checks = [missing(f"quality.{name}", problem) for name, problem in problems.items()]
     sets: list[SetCounts] = []
     group_checks: list[Check] = []
@@ -426,15 +441,18 @@ def checks_at_look(
                     details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
                              "stage_accuracy": g.stage_correct / g.n}))
                 continue
-            group_checks.append(set_check(g, SetMargin(group_margin), per_group, policy,
-                                          "group"))
+            at = own_margin(g, margin, q.group_margin_factor, policy,
+                            reach.get(f"{name}.{group}"))
+            group_checks.append(set_check(g, SetMargin(at), per_group, policy, "group"))
     if not problems and sets:
         pooled = pooled_check(sets, margin, precision, policy)
         pooled.details["sets_too_small"] = len(paired) - len(sets)
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, SetMargin(set_margin, margin, ratio), True, policy) for s in sets]
+    checks += [set_check(s, SetMargin(own_margin(s, margin, q.set_margin_factor, policy,
+                                                 reach.get(s.rule.removeprefix("quality."))),
+                                      margin, ratio), True, policy) for s in sets]
     return checks + group_checks
 
 
@@ -584,9 +602,10 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
 
     ratio, target = q.max_error_ratio, RESOLVE_POWER
 
-    def unresolved(counts: SetCounts, at: float, capped: bool = True) -> int:
+    def unresolved(counts: SetCounts, factor: float, key: str, capped: bool = True) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
+        at = own_margin(counts, margin, factor, policy, stage.reach.get(key))
         rule = SetMargin(at, margin, ratio) if capped else SetMargin(at)
         if counts.items < q.min_items:
             return q.min_items
@@ -604,7 +623,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         vs_baseline, vs_parent = paired[name]
         deff = sets[name].design_effect
         wanted = {group: unresolved(SetCounts.of(name, g_base, g_parent, deff),
-                                    margin * q.group_margin_factor, capped=False)
+                                    q.group_margin_factor, f"{name}.{group}", capped=False)
                   for group, (g_base, g_parent) in _group_pairs(vs_baseline, vs_parent).items()}
         return {group: need for group, need in wanted.items() if need}
 
@@ -625,7 +644,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     open_groups: dict[str, dict[str, int]] = {}
     own_open: set[str] = set()
     for name, counts in sets.items():
-        own = unresolved(counts, margin * q.set_margin_factor)
+        own = unresolved(counts, q.set_margin_factor, name)
         groups = group_unresolved(name) if per_group else {}
         open_groups[name] = groups
         if own:

@@ -28,14 +28,17 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"looks (Bonferroni), a rule decided at a look stays decided")},
         {"rule": "quality.<set>", "method": (
             f"every set on its own (intersection-union: all must pass): non-inferior at the "
-            f"pooled margin, or at {q.set_margin_factor:g}x it while paired score tests on the "
+            f"pooled margin, or at up to {q.set_margin_factor:g}x it (the loss its own items "
+            f"resolve: {q.size_margin_z:g} x sqrt({q.planning_discordance:g} / items), so a "
+            f"large set is held to the pooled margin) while paired score tests on the "
             f"ratio of error rates (Nam-Blackwelder, Tang-Tang-Chan) show the stage makes under "
             f"{q.max_error_ratio:g}x the baseline's true errors (near the ceiling) and keeps over "
             f"1/{q.max_error_ratio:g} of its right answers (near the floor); the limit is never "
             "read off the few errors a sample of the baseline happened to make")},
         {"rule": "quality.<set>.<group>", "method": (
             f"each group (long-context length bucket, a user set's group field) at "
-            f"{q.group_margin_factor:g}x the margin; blocking for a stage serving a quantized KV "
+            f"up to {q.group_margin_factor:g}x the margin (the loss its items resolve, as for a "
+            f"set); blocking for a stage serving a quantized KV "
             "cache" + (" and for every stage" if q.long_context_required else "")
             + ", otherwise shown")},
         {"rule": "clusters", "method": (

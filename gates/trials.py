@@ -121,6 +121,9 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
     group_pools = {s.name: {g: int(np.count_nonzero(s.group_labels == g)) for g in s.groups}
                    for s in shapes if len(s.groups) > 1}
     sizes = {s.name: s.first for s in shapes}
+    # What each set and group can reach by the last look, as the flow records it (flows.adaptive).
+    reach = {s.name: policy.reachable(s.first, s.pool) for s in shapes} | {
+        f"{name}.{group}": n for name, counts in group_pools.items() for group, n in counts.items()}
     answers = {s.name: simulate.baseline_answers(rng, s) for s in shapes}
     lengths = {s.name: simulate.baseline_lengths(rng, s) for s in shapes}
     base_load, _ = _load(rng, scenario, None, 0.0, policy)
@@ -145,6 +148,7 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
         items = {s.name: simulate.PoolItems(s, answers[s.name], lengths[s.name])
                  for s in shapes}
         quality = simulate.quality(shapes, items, sizes, tokens, order)
+        quality.reach = reach
         parent_quality = records[-1].quality if step_index else None
         while quality.looks < policy.quality.max_looks:  # as flows.adaptive does
             look = next_look(quality, records[0].quality, precision_class(axes), policy, pools,
@@ -156,7 +160,7 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
             order = {s.name: simulate.grown_order(s, order[s.name], look.sizes[s.name],
                                                   look.groups.get(s.name)) for s in shapes}
             quality = simulate.quality(shapes, items, sizes, tokens, order)
-            quality.looks, quality.look_sizes = looks + 1, earlier
+            quality.looks, quality.look_sizes, quality.reach = looks + 1, earlier, reach
         records.append(_record(name, parent, axes, quality, load, paired))
         before = step
     return decide("benchmark", records, policy)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evalsets.results import QualityItem, QualityResult, TaskQuality
-from gates.accuracy import more_items, next_look, quality_checks
+from gates.accuracy import SetCounts, more_items, next_look, own_margin, quality_checks
 from gates.noninferiority import Stratum, design_effect, score_interval
 from gates.policy import GatePolicy
 from gates.record import StageRecord
@@ -275,3 +275,39 @@ def test_an_unresolved_bucket_grows_alone_and_to_all_its_items_at_the_last_look(
     weights = record("s", "baseline", {"long_context": timed(items(worse, groups)),
                                        "math": math_items})
     assert next_look(weights.quality, baseline.quality, "8bit", POLICY, pools) is None
+
+
+def test_a_large_bucket_is_held_to_the_loss_its_items_resolve():
+    """A 250-item bucket losing 12 points cleared the 20-point group margin (2.5x); its own
+    items resolve 14 points (7 x sqrt(0.10 / 250)), so on a KV stage it now blocks. A bucket of
+    30 keeps the factor's 20, and an equivalent large bucket still passes."""
+    right = {"512": 237, "1k": 212, "2k": 187, "4k": 137}
+    base, groups = bucketed(250, right)
+    worse, _ = bucketed(250, right | {"4k": 107})
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+    kv = record("kv", "baseline", {"long_context": items(worse, groups)}, axes=KV)
+    checks = by_rule(quality_checks(kv, baseline, baseline, POLICY))
+    four_k = checks["quality.long_context.4k"]
+    assert abs(four_k.limit + 7 * (0.10 / 250) ** 0.5) < 1e-9
+    assert four_k.status != "pass" and not four_k.passed
+    assert four_k.details["ci_low"] > -0.20  # what the factor alone would have passed
+    assert checks["quality.long_context.512"].status == "pass"
+
+
+def test_a_look_is_judged_at_the_margin_of_the_items_the_set_can_reach():
+    """The first look's 30 items a bucket would be judged at 20 points; recorded to reach 250
+    a bucket, every look holds it to 14: a wide early margin would pass a bucket for good
+    that its last look would not."""
+    right = {"512": 28, "1k": 25, "2k": 22, "4k": 17}
+    base, groups = bucketed(30, right)
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+    kv = record("kv", "baseline", {"long_context": items(base, groups)}, axes=KV)
+    limit = by_rule(quality_checks(kv, baseline, baseline, POLICY))["quality.long_context.4k"].limit
+    assert limit == -0.08 * POLICY.quality.group_margin_factor
+    kv.quality.reach = {"long_context": 1000} | {f"long_context.{b}": 250 for b in BUCKETS}
+    checks = by_rule(quality_checks(kv, baseline, baseline, POLICY))
+    assert abs(checks["quality.long_context.4k"].limit + 7 * (0.10 / 250) ** 0.5) < 1e-9
+    counts = SetCounts.of("quality.long_context", list(zip(baseline.quality.tasks[
+        "long_context"].items, kv.quality.tasks["long_context"].items, strict=True)), [])
+    assert own_margin(counts, 0.08, 2.0, POLICY) == 0.16  # 120 items: the set factor
+    assert own_margin(counts, 0.08, 2.0, POLICY, reach=1000) == 0.08  # 1,000: the pooled one

@@ -37,6 +37,9 @@ def _ceiling(shapes: tuple[SetShape, ...], name: str, accuracy: float) -> tuple[
 
 
 SINGLE_1000 = (SetShape("business", 1000, 1000, {"": 0.6}, tokens=90, budget=256),)
+# A 1,000-item long-context set in the demo's four buckets (250 each), 200 at the first look.
+LONG_1000 = (SetShape("long_context", 200, 1000, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
+                      tokens=12, budget=32),)
 
 
 def scenarios(policy: GatePolicy) -> list[Scenario]:
@@ -109,6 +112,11 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  sets=SINGLE_1000),
         Scenario(f"single set of 1,000 items, drop {2 * m:.0%}", [Step(drop={"*": 2 * m})],
                  "never", sets=SINGLE_1000),
+        Scenario("kv: 1,000-item long-context set, A/A", kv=True, sets=LONG_1000),
+        Scenario(f"kv: 1,000 items, the 4k bucket loses {m:.0%}",
+                 [Step(drop={"long_context.4k": m})], "rollback", kv=True, sets=LONG_1000),
+        Scenario(f"kv: 1,000 items, the 4k bucket loses {2 * m:.0%}",
+                 [Step(drop={"long_context.4k": 2 * m})], "never", kv=True, sets=LONG_1000),
     ]
     return rows
 
