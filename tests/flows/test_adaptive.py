@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import pytest
 
@@ -76,6 +77,8 @@ def test_grow_until_decided_scores_the_baseline_once_and_stops_when_decided(tmp_
         results, POLICY, {"math": 1000}, 2)
     assert scored == [("baseline", 40, 80), ("control", 40, 80)]  # one look was enough
     assert quality.looks == 2 and quality.added_items == {"math": 40}
+    # What the set can reach by the last look (40 x 2 x 2), which holds its own margin.
+    assert QualityResult.read(results / "control" / "quality").reach == {"math": 160}
     assert len(quality.tasks["math"].items) == 80
     stored = StageRecord.read(results / "baseline")
     assert len(stored.quality.tasks["math"].items) == 80  # the next stage finds them scored
@@ -378,6 +381,9 @@ def test_a_kv_stage_scores_only_its_unresolved_bucket_on_both_engines(tmp_path, 
     assert scored == [("baseline", "4k", 20, stop), ("kv", "4k", 20, stop)]
     assert 40 <= stop < 120  # not every item the bucket has: a later look was left
     assert quality.looks == 2 and quality.added_items == {"long_context": stop - 20}
+    buckets = Counter(bucket for _, bucket in rows)
+    assert quality.reach == {"long_context": 240, "math": 800} | {
+        f"long_context.{bucket}": n for bucket, n in buckets.items()}
     four_k = [row_id for row_id, bucket in rows if bucket == "4k"]
     assert [i.id for i in quality.tasks["long_context"].items[80:]] == four_k[20:stop]
     more = MoreItems.kept(results / "baseline")
