@@ -98,7 +98,7 @@ class QualityRules(Rules):
         "multiple of the pooled margin, for stages serving a quantized KV cache."
     )
     size_margin_z: float = Field(
-        6.0, ge=0, le=100, description="A set or group of n items (effective pairs) is held to "
+        7.0, ge=0, le=100, description="A set or group of n items (effective pairs) is held to "
         "size_margin_z x sqrt(planning_discordance / n) points, within [the pooled margin, its "
         "factor x the margin]: the loss its own items resolve, so the factor holds a small set "
         "and a large one is held to the pooled margin (0: every set and group at the pooled "

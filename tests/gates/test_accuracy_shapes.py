@@ -277,6 +277,12 @@ def test_an_unresolved_bucket_grows_alone_and_to_all_its_items_at_the_last_look(
     assert next_look(weights.quality, baseline.quality, "8bit", POLICY, pools) is None
 
 
+def resolves(n: int) -> float:
+    """The loss n items resolve, as the policy states it."""
+    q = POLICY.quality
+    return q.size_margin_z * (q.planning_discordance / n) ** 0.5
+
+
 def test_a_large_bucket_is_held_to_the_loss_its_items_resolve():
     """A 250-item bucket losing 12 points cleared the 20-point group margin (2.5x); its own
     items resolve 14 points (7 x sqrt(0.10 / 250)), so on a KV stage it now blocks. A bucket of
@@ -288,7 +294,7 @@ def test_a_large_bucket_is_held_to_the_loss_its_items_resolve():
     kv = record("kv", "baseline", {"long_context": items(worse, groups)}, axes=KV)
     checks = by_rule(quality_checks(kv, baseline, baseline, POLICY))
     four_k = checks["quality.long_context.4k"]
-    assert abs(four_k.limit + 7 * (0.10 / 250) ** 0.5) < 1e-9
+    assert abs(four_k.limit + resolves(250)) < 1e-9
     assert four_k.status != "pass" and not four_k.passed
     assert four_k.details["ci_low"] > -0.20  # what the factor alone would have passed
     assert checks["quality.long_context.512"].status == "pass"
@@ -306,7 +312,7 @@ def test_a_look_is_judged_at_the_margin_of_the_items_the_set_can_reach():
     assert limit == -0.08 * POLICY.quality.group_margin_factor
     kv.quality.reach = {"long_context": 1000} | {f"long_context.{b}": 250 for b in BUCKETS}
     checks = by_rule(quality_checks(kv, baseline, baseline, POLICY))
-    assert abs(checks["quality.long_context.4k"].limit + 7 * (0.10 / 250) ** 0.5) < 1e-9
+    assert abs(checks["quality.long_context.4k"].limit + resolves(250)) < 1e-9
     counts = SetCounts.of("quality.long_context", list(zip(baseline.quality.tasks[
         "long_context"].items, kv.quality.tasks["long_context"].items, strict=True)), [])
     assert own_margin(counts, 0.08, 2.0, POLICY) == 0.16  # 120 items: the set factor
