@@ -28,9 +28,10 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"looks (Bonferroni), a rule decided at a look stays decided")},
         {"rule": "quality.<set>", "method": (
             f"every set on its own (intersection-union: all must pass): non-inferior at the "
-            f"pooled margin, or at up to {q.set_margin_factor:g}x it (the loss its own items "
-            f"resolve: {q.size_margin_z:g} x sqrt({q.planning_discordance:g} / items), so a "
-            f"large set is held to the pooled margin) while paired score tests on the "
+            f"pooled margin, or at up to {q.set_margin_factor:g}x it (the loss the items it can "
+            f"reach by the last look resolve, {q.size_margin_z:g} x "
+            f"sqrt({q.planning_discordance:g} / items), one margin at every look: a large set is "
+            f"held to the pooled margin) while paired score tests on the "
             f"ratio of error rates (Nam-Blackwelder, Tang-Tang-Chan) show the stage makes under "
             f"{q.max_error_ratio:g}x the baseline's true errors (near the ceiling) and keeps over "
             f"1/{q.max_error_ratio:g} of its right answers (near the floor); the limit is never "

@@ -98,11 +98,11 @@ class QualityRules(Rules):
         "multiple of the pooled margin, for stages serving a quantized KV cache."
     )
     size_margin_z: float = Field(
-        7.0, ge=0, le=100, description="A set or group of n items (effective pairs) is held to "
-        "size_margin_z x sqrt(planning_discordance / n) points, within [the pooled margin, its "
-        "factor x the margin]: the loss its own items resolve, so the factor holds a small set "
-        "and a large one is held to the pooled margin (0: every set and group at the pooled "
-        "margin)."
+        7.0, ge=0, le=100, description="A set or group that can reach n items (effective pairs) "
+        "by the last look is held, at every look, to size_margin_z x sqrt(planning_discordance / "
+        "n), within [the pooled margin, its factor x the margin]: the loss its own items resolve, "
+        "so the factor holds a small set and a large one is held to the pooled margin (0: every "
+        "set and group at the pooled margin)."
     )
     max_error_ratio: float = Field(
         2.5, gt=1, le=100, description="A set's own margin never lets the stage "
