@@ -33,7 +33,7 @@ from flows.engines import BASELINE_PORT_OFFSET, PARENT_PORT_OFFSET, KeptEngines,
 from flows.plan import Stage
 from flows.power import group_order
 from flows.spec import Spec
-from gates.accuracy import Look, checks_at_look, group_counts, next_look
+from gates.accuracy import Look, checks_at_look, group_counts, next_look, reach_of
 from gates.length import length_checks
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy, precision_class
@@ -166,9 +166,7 @@ def grow_until_decided(
     if not quality.reach:  # what each set and group can reach holds its own margin at every look
         first = quality.look_sizes[0] if quality.look_sizes else {
             name: len(task.items) for name, task in quality.tasks.items()}
-        quality.reach = {name: policy.reachable(n, pools.get(name, n)) for name, n in first.items()}
-        quality.reach |= {f"{name}.{group}": n for name, counts in group_pools().items()
-                          for group, n in counts.items()}
+        quality.reach = reach_of(first, pools, group_pools(), policy)
     started = time.monotonic()
     beside: dict[str, tuple[EngineFacts, contextlib.ExitStack]] = {}
 

@@ -195,6 +195,17 @@ def own_margin(counts: SetCounts, margin: float, factor: float, policy: GatePoli
     return min(factor * margin, max(margin, resolves))
 
 
+def reach_of(first: dict[str, int], pools: dict[str, int],
+             group_pools: dict[str, dict[str, int]], policy: GatePolicy) -> dict[str, int]:
+    """`QualityResult.reach`: each set's first look grown by the policy's looks within its pool,
+    and each group's items in the set's data (an open group grows to all of them at the last
+    look). The flow records it and the simulation draws it alike, so validate's power and the
+    benchmark judge what a run judges."""
+    reach = {name: policy.reachable(n, pools.get(name, n)) for name, n in first.items()}
+    return reach | {f"{name}.{group}": n for name, counts in group_pools.items()
+                    for group, n in counts.items()}
+
+
 def _interval_text(estimate: float, low: float, high: float, level: float) -> str:
     return (f"paired diff {points(estimate)} pts, one-sided {1 - level:.1%} score bounds "
             f"[{points(low)}, {points(high)}]")

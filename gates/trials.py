@@ -14,7 +14,7 @@ import numpy as np
 from scipy import stats
 
 from gates import simulate
-from gates.accuracy import next_look
+from gates.accuracy import next_look, reach_of
 from gates.decide import decide
 from gates.latency import wants_more_rounds
 from gates.policy import GatePolicy, precision_class
@@ -121,9 +121,7 @@ def trial(scenario: Scenario, policy: GatePolicy, rng: np.random.Generator) -> V
     group_pools = {s.name: {g: int(np.count_nonzero(s.group_labels == g)) for g in s.groups}
                    for s in shapes if len(s.groups) > 1}
     sizes = {s.name: s.first for s in shapes}
-    # What each set and group can reach by the last look, as the flow records it (flows.adaptive).
-    reach = {s.name: policy.reachable(s.first, s.pool) for s in shapes} | {
-        f"{name}.{group}": n for name, counts in group_pools.items() for group, n in counts.items()}
+    reach = reach_of(sizes, pools, group_pools, policy)
     answers = {s.name: simulate.baseline_answers(rng, s) for s in shapes}
     lengths = {s.name: simulate.baseline_lengths(rng, s) for s in shapes}
     base_load, _ = _load(rng, scenario, None, 0.0, policy)
