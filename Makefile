@@ -103,7 +103,7 @@ gpu-check:
 
 gpu-check-run:
 	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error make gpu-check needs a CUDA GPU: nvidia-smi is missing or lists none on this machine; run it on a CUDA host))
-	$(CUDA_PY) -m infra.fp8_checkpoint $(MODELS)
+	$(CUDA_PY) -m infra.demo_models --models-dir $(MODELS) --baseline-only
 	$(CUDA_QG) validate $(GPU_CHECK)
 	$(CUDA_QG) run $(GPU_CHECK); test $$? -le 1
 	$(CUDA_QG) gate $$(ls -d runs/smollm2-135m-gpu-check-* | tail -1); test $$? -le 1

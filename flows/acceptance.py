@@ -57,7 +57,7 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
     cached = set() if no_cache else {s.name for s in prepared.stages
                                      if s.kind != "control" and cache.lookup(keys[s.name])}
     run_estimate = RunEstimate(prepared, settings.stage_cache_dir, cached,
-                               "avx512f" in cpu_flags())
+                               None if spec.engine.on_gpu() else "avx512f" in cpu_flags())
     _say(run_estimate.before())
     with KeptEngines() as kept:
         run = RunContext(prepared, results_dir, settings, no_cache, manifest, tracker, cache,
@@ -180,7 +180,8 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
                 prompts=lambda name: stored_prompts(results_dir, name),  # as a re-gate shows them
                 workload_source=f"load profile {spec.load_profile}",
-                placement=prepared.placement.describe() if prepared.placement else ())
+                placement=prepared.placement.describe() if prepared.placement else (),
+                measured_on=prepared.placement.served_on() if prepared.placement else None)
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
         manifest.timings |= {phase: round(seconds, 2) for phase, seconds in clock.items()}

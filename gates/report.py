@@ -23,6 +23,7 @@ from gates.whatif.section import DEFAULT_GPUS, whatif_section
 
 if TYPE_CHECKING:
     from evalsets.spec import EvalSetInfo
+    from infra.placement import Gpu
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_FLIPS_SHOWN = 40
@@ -351,7 +352,7 @@ def write_report(
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
     whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
     prompts: Callable[[str], dict[str, str]] | None = None,
-    diagnoses: dict[str, Diagnosis] | None = None,
+    diagnoses: dict[str, Diagnosis] | None = None, measured_on: Gpu | None = None,
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
     table, when it has quality results) and the figures (PNG) into out_dir.
@@ -362,6 +363,8 @@ def write_report(
     load profile for the capacity what-if; without it the what-if predicts the reference
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
     `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
+    `measured_on`: the GPU its stages served on (Placement.served_on), which the what-if is
+    checked against; None: the CPU of the machine writing the report.
     `prompts(set)`: the prompt texts by item id the flips show (a re-gate: those the run kept,
     gates.run_inputs); default: the sets' data as they are now. `diagnoses`: failed stages'
     diagnosis.json by stage (gates.diagnosis.read_diagnoses): the rollback section and its chart,
@@ -379,7 +382,8 @@ def write_report(
                                          out_dir / "sensitivity.png"),
     }
     images = {name: path for name, path in drawn.items() if path is not None}
-    whatif = whatif_section(records, workload, workload_source, whatif_gpus)
+    whatif = whatif_section(records, workload, workload_source, whatif_gpus,
+                            measured_on=measured_on)
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif,
                        prompts or _prompts)
     context["placement"] = list(placement)

@@ -106,10 +106,13 @@ class Placement(BaseModel):
             return self.kept[stage]
         return self.beside if beside and self.beside is not None else self.stage
 
+    def served_on(self) -> Gpu:
+        """The GPU the stage engines serve on (the first of theirs): what the run measured."""
+        return next(g for g in self.gpus if g.index == self.stage.devices[0])
+
     def describe(self) -> list[str]:
         """The plan as lines, for validate and the report."""
-        gpus = {g.index: g for g in self.gpus}
-        first = gpus[self.stage.devices[0]]
+        first = self.served_on()
         slots = [self.stage, *([self.beside] if self.beside else []), *self.kept.values()]
         used = {device for slot in slots for device in slot.devices}
         lines = [f"{len(self.gpus)} GPU(s), {first.name} {first.memory_bytes / GIB:.0f} GiB; "

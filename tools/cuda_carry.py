@@ -168,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         "set -e; mkdir -p /tmp/site /tmp/unpack; tar -C /tmp/unpack -xf /tmp/carry.tar\n"
         "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
         "--target /tmp/site /tmp/unpack/wheels/*.whl\n"
-        "tar -C /tmp/site -xJf /tmp/unpack/vllm.tar.xz\n")
+        "tar -C /tmp/site -xJf /tmp/unpack/vllm.tar.xz\n"
+        # Where the image sets PYTHONDONTWRITEBYTECODE, every engine process (two per engine)
+        # would compile vLLM's imports again: once here, on every core.
+        '[ -z "$PYTHONDONTWRITEBYTECODE" ] || python3 -m compileall -q -j 0 /tmp/site >/dev/null '
+        "|| true\n")
     print(f"{len(files)} wheels; bundle {len(data) / 2**20:.1f} MiB in {len(parts)} parts")
     return 0
 

@@ -22,8 +22,8 @@ export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONU
     MLFLOW_TRACKING_URI=sqlite:///$WORK/mlflow.db
 [ ! -d .gpu/cache ] || export XDG_CACHE_HOME=$PWD/.gpu/cache
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-stamp "models"
-python3 -m infra.fp8_checkpoint models
+stamp "models (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
+python3 -m infra.demo_models --models-dir models --baseline-only
 stamp "validate"
 python3 -m flows.cli validate flows/specs/gpu-check.yaml
 stamp "run"

