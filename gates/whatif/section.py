@@ -1,9 +1,10 @@
 """The sign-off report's "Capacity what-if (prediction)" section, from stage records alone.
 
 Two parts. On target GPUs: each stage's predicted low-load TTFT / TPOT and SLO capacity, an
-emulated stage in its real format (its axes), never its bf16 twin. On this CPU: the roofline's
-two efficiency knobs fitted to the baseline stage as measured, then every really-served stage
-predicted and put beside its measurement, so a reader sees how far the model can be trusted.
+emulated stage in its real format (its axes), never its bf16 twin. On what served the stages
+(the GPU of a CUDA run's placement, else this machine's CPU): the roofline's two efficiency knobs
+fitted to the baseline stage as measured, then every really-served stage predicted and put beside
+its measurement, so a reader sees how far the model can be trusted.
 """
 
 from __future__ import annotations

@@ -141,9 +141,10 @@ def test_the_plan_recorded_in_the_manifest_reads_back_for_a_later_report(tmp_pat
     spec = demo_chain(tmp_path)
     placement = plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 8))
     RunManifest(candidate="c", stages=[], placement=placement.model_dump()).save(tmp_path / "run")
-    assert _run_placement(tmp_path / "run") == placement.describe()
+    assert _run_placement(tmp_path / "run").describe() == placement.describe()
+    assert _run_placement(tmp_path / "run").served_on() == placement.gpus[0]
     assert "CUDA_VISIBLE_DEVICES=1" in placement.describe()[2]
-    assert _run_placement(tmp_path / "missing") == []
+    assert _run_placement(tmp_path / "missing") is None
 
 
 def test_away_from_the_engine_host_an_unknown_gpu_is_left_to_the_worker(tmp_path):
