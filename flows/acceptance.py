@@ -180,8 +180,7 @@ def acceptance(spec_path: str, no_cache: bool = False, registry_version: str | N
                 workload=workload_from_profile(sized(prepared.profile, prepared.load_prompts)),
                 prompts=lambda name: stored_prompts(results_dir, name),  # as a re-gate shows them
                 workload_source=f"load profile {spec.load_profile}",
-                placement=prepared.placement.describe() if prepared.placement else (),
-                measured_on=prepared.placement.served_on() if prepared.placement else None)
+                placement=prepared.placement)
             verdict.save(report_dir / "verdict.json")
         clock["wall"] = time.monotonic() - run_started
         manifest.timings |= {phase: round(seconds, 2) for phase, seconds in clock.items()}

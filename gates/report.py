@@ -23,7 +23,7 @@ from gates.whatif.section import DEFAULT_GPUS, whatif_section
 
 if TYPE_CHECKING:
     from evalsets.spec import EvalSetInfo
-    from infra.placement import Gpu
+    from infra.placement import Placement
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_FLIPS_SHOWN = 40
@@ -350,9 +350,9 @@ def _environment(autoescape: bool):
 def write_report(
     verdict: Verdict, records: list[StageRecord], out_dir: Path, signer: str | None = None,
     run: str | None = None, workload: Workload | None = None, workload_source: str = "",
-    whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Sequence[str] = (),
+    whatif_gpus: Sequence[str] = DEFAULT_GPUS, placement: Placement | None = None,
     prompts: Callable[[str], dict[str, str]] | None = None,
-    diagnoses: dict[str, Diagnosis] | None = None, measured_on: Gpu | None = None,
+    diagnoses: dict[str, Diagnosis] | None = None,
 ) -> dict[str, Path]:
     """Writes report.html (self-contained), report.md, model_card.md (the candidate's recovery
     table, when it has quality results) and the figures (PNG) into out_dir.
@@ -362,9 +362,8 @@ def write_report(
     `workload` (`gates.whatif.workload_from_profile(profile)`) and `workload_source`: the run's
     load profile for the capacity what-if; without it the what-if predicts the reference
     workload and says so (the records do not keep request sizes). `whatif_gpus`: its targets.
-    `placement`: where the run's CUDA engines went, as lines (Placement.describe); none off CUDA.
-    `measured_on`: the GPU its stages served on (Placement.served_on), which the what-if is
-    checked against; None: the CPU of the machine writing the report.
+    `placement`: where the run's CUDA engines went (None off CUDA): stated as its lines, and the
+    GPU its stages served on is what the what-if is checked against (else this machine's CPU).
     `prompts(set)`: the prompt texts by item id the flips show (a re-gate: those the run kept,
     gates.run_inputs); default: the sets' data as they are now. `diagnoses`: failed stages'
     diagnosis.json by stage (gates.diagnosis.read_diagnoses): the rollback section and its chart,
@@ -383,10 +382,10 @@ def write_report(
     }
     images = {name: path for name, path in drawn.items() if path is not None}
     whatif = whatif_section(records, workload, workload_source, whatif_gpus,
-                            measured_on=measured_on)
+                            measured_on=placement.served_on() if placement else None)
     context = _context(verdict, records, signer, images, run or out_dir.name, whatif,
                        prompts or _prompts)
-    context["placement"] = list(placement)
+    context["placement"] = placement.describe() if placement else []
     context["diagnoses"] = [diagnosis_rows(d, verdict.repairs) for d in (diagnoses or {}).values()]
     context["repairs"] = [{"repairs": r.repairs, "line": repair_line(r, full=False)}
                           for r in verdict.repairs]

@@ -68,8 +68,7 @@ def gate(
                 workload, origin = None, ""
             written = write_report(verdict, records, report, signer, run=results_dir.resolve().name,
                                    workload=workload, workload_source=origin,
-                                   placement=placement.describe() if placement else (),
-                                   measured_on=placement.served_on() if placement else None,
+                                   placement=placement,
                                    prompts=_run_prompts(results_dir),
                                    diagnoses=read_diagnoses(results_dir, [r.name for r in records]))
         except OSError as err:

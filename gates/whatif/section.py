@@ -175,14 +175,14 @@ def _gpu_rows(records: list[StageRecord], shapes: dict[str, ModelShape], targets
 def _served_on(gpu: Gpu, section: WhatifSection) -> Device | None:
     """The data file's figures of the GPU a CUDA run served on; None (and why, in the section)
     where it has none."""
+    gib = gpu.memory_bytes / 2**30
     section.measured_on = f"GPU: {gpu.name}"
-    section.cpu_where = (f"The model on the GPU the stages served on ({gpu.name}, "
-                         f"{gpu.memory_bytes / 2**30:.1f} GiB, as the run's placement names it)")
-    found = device_named(gpu.name, gpu.memory_bytes / 2**30)
+    section.cpu_where = (f"The model on the GPU the stages served on ({gpu.name}, {gib:.1f} GiB, "
+                         "as the run's placement names it)")
+    found = device_named(gpu.name, gib)
     if found is None:
-        section.cpu_note = (f"not made: the stages served on {gpu.name} "
-                            f"({gpu.memory_bytes / 2**30:.1f} GiB), which gates/whatif/gpus.yaml "
-                            "does not describe: add its figures there")
+        section.cpu_note = (f"not made: the stages served on {gpu.name} ({gib:.1f} GiB), which "
+                            "gates/whatif/gpus.yaml does not describe: add its figures there")
     return found
 
 

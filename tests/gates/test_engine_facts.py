@@ -64,13 +64,19 @@ def test_the_report_states_the_placement_it_is_given(tmp_path):
     from gates.decide import decide
     from gates.policy import GatePolicy
     from gates.report import write_report
+    from infra.placement import EngineNeed, declared_gpus, plan_placement
     from tests.gates.records import chain
 
     records = chain()
     verdict = decide("demo", records, GatePolicy())
-    lines = ["1 GPU(s), NVIDIA H100 80GB HBM3 80 GiB; tensor_parallel_size 1",
-             "stage engines (baseline, a8): CUDA_VISIBLE_DEVICES=0, gpu_memory_utilization 0.47"]
-    paths = write_report(verdict, records, tmp_path, placement=lines)
+    placement = plan_placement(declared_gpus(80, 1, name="NVIDIA H100 80GB HBM3"), [
+        EngineNeed("stage", name, 270_000_000, 46_080, 5120) for name in ("baseline", "a8")
+    ] + [EngineNeed("beside", "baseline", 270_000_000, 46_080, 5120)])
+    lines = placement.describe()
+    assert lines[0] == "1 GPU(s), NVIDIA H100 80GB HBM3 80 GiB; tensor_parallel_size 1"
+    assert lines[1].startswith("stage engines (baseline, a8): CUDA_VISIBLE_DEVICES=0, "
+                               "gpu_memory_utilization 0.47")
+    paths = write_report(verdict, records, tmp_path, placement=placement)
     assert f"Placement: {lines[0]}; {lines[1]}" in paths["md"].read_text()
     assert 'id="placement"' in paths["html"].read_text()
     bare = write_report(verdict, records, tmp_path / "cpu")
