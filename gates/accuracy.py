@@ -183,14 +183,15 @@ class SetCounts:
 def own_margin(counts: SetCounts, margin: float, factor: float, policy: GatePolicy,
                reach: int | None = None) -> float:
     """The margin a set or group is held to on its own: the loss the items it can reach by the
-    last look (`reach`, else the items it has) resolve, z x sqrt(planning discordance / n) (n:
-    effective pairs), within [margin, factor x margin]. A small set keeps its factor (code's 80
+    last look (`reach`) or has, whichever is more, resolve, z x sqrt(planning discordance / n)
+    (n: effective pairs), within [margin, factor x margin]. A small set keeps its factor (code's 80
     items cannot tell -8 from 0 points); a large one is held to the pooled margin (an equivalent
     one still passes: the margin shrinks with the interval); a 250-item bucket of a 1,000-item
     set is held to 14 points, not 20. One margin at every look (read from the reach, never from
-    the answers): an early look's few items do not judge a bucket at a wider one."""
+    the answers): an early look's few items do not judge a bucket at a wider one, and a set
+    that a re-estimated jump took past its reach is held to what its items resolve."""
     q = policy.quality
-    n = max(1, effective_pairs(reach or counts.items, counts.samples))
+    n = max(1, effective_pairs(max(reach or 0, counts.items), counts.samples))
     resolves = q.size_margin_z * math.sqrt(q.planning_discordance / n)
     return min(factor * margin, max(margin, resolves))
 

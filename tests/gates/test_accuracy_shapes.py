@@ -317,3 +317,18 @@ def test_a_look_is_judged_at_the_margin_of_the_items_the_set_can_reach():
         "long_context"].items, kv.quality.tasks["long_context"].items, strict=True)), [])
     assert own_margin(counts, 0.08, 2.0, POLICY) == 0.16  # 120 items: the set factor
     assert own_margin(counts, 0.08, 2.0, POLICY, reach=1000) == 0.08  # 1,000: the pooled one
+
+
+def test_a_set_a_jump_took_past_its_reach_is_held_to_what_its_items_resolve():
+    """Math recorded to reach 160 (40 at the first look), then a re-estimated jump took it to
+    320 of its pool: 320 items resolve 12.4 points, so a 10-point loss whose bound reaches past
+    them is no longer cleared by the 16 points its reach alone would have allowed."""
+    base = [1.0] * 160 + [0.0] * 160
+    worse = [0.0] * 34 + [1.0] * 126 + [1.0] * 2 + [0.0] * 158  # -10 points: 34 broke, 2 fixed
+    baseline = record("baseline", None, {"math": items(base)})
+    stage = record("s", "baseline", {"math": items(worse)})
+    stage.quality.reach = {"math": 160}
+    check = by_rule(quality_checks(stage, baseline, baseline, POLICY))["quality.math"]
+    assert abs(check.limit + resolves(320)) < 1e-9
+    assert check.status != "pass" and not check.passed, check.reason
+    assert check.details["ci_low"] > -0.16  # what the margin of its reach would have passed
