@@ -55,8 +55,11 @@ def locust_env(
 
 
 def headless_command(
-    base_url: str, users: int, run_s: int, stop_timeout_s: int, out_dir: Path, tag: str
+    base_url: str, users: int, run_s: int, stop_timeout_s: int, out_dir: Path, tag: str,
+    html: bool = True,
 ) -> list[str]:
+    """`html`: write Locust's own HTML report (about 1 MB each, all of it logged to MLflow with
+    the stage): one per level is enough to look at, the raw samples keep every request."""
     return [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE),
@@ -66,7 +69,7 @@ def headless_command(
         "--stop-timeout", str(stop_timeout_s),
         "--host", base_url.rstrip("/"),
         "--csv", str(out_dir / f"locust_{tag}"),
-        "--html", str(out_dir / f"locust_{tag}.html"),
+        *(["--html", str(out_dir / f"locust_{tag}.html")] if html else []),
         # Failed requests are data for the gates, not a reason for a non-zero exit.
         "--exit-code-on-error", "0",
     ]  # fmt: skip
@@ -92,6 +95,7 @@ def run_locust(
     workers: int = 0,
     cores: CorePlan | None = None,
     stop_when: Callable[[], bool] | None = None,
+    html: bool = True,
 ) -> Path:
     """Run Locust to completion (local, or master + `workers` workers); returns the master log.
 
@@ -101,7 +105,7 @@ def run_locust(
     pin = cores.pin if cores is not None else list
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"locust_{tag}.log"
-    command = headless_command(base_url, users, run_s, stop_timeout_s, out_dir, tag)
+    command = headless_command(base_url, users, run_s, stop_timeout_s, out_dir, tag, html)
     what = f"locust ({tag}, {users} users{f', {workers} workers' if workers else ''})"
     timeout_s = run_s + stop_timeout_s + STARTUP_ALLOWANCE_S
     worker_processes: list[subprocess.Popen] = []

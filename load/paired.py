@@ -11,7 +11,7 @@ from infra.contention import others_share, sample
 from infra.cores import CorePlan
 from load.profile import LoadProfile
 from load.results import LoadResult, LoadSample, PairedLoad, PairedRound, Side
-from load.runner import check_equal_work, find_capacity, measured_part, run_level
+from load.runner import WARMUP, check_equal_work, find_capacity, measured_part, run_level
 from load.stats import pool_repeats
 
 
@@ -76,7 +76,7 @@ def run_paired_load(
     warm = one_side.model_copy(update={"requests": max(users for users in levels.values()) * 2,
                                        "warmup_requests": 0})
     for side, server in servers.items():
-        run_level(server.base_url, server.model, warm, "warmup", max(levels.values()),
+        run_level(server.base_url, server.model, warm, WARMUP, max(levels.values()),
                   out_dir / side, cores=cores, request_body=server.request_body, salt=salt)
     for level, users in levels.items():
         rounds: list[PairedRound] = []

@@ -39,6 +39,7 @@ __all__ = [
 # Locust runs a little longer than warm-up + measured window, so the window's last moments
 # still see requests start; those started after it are dropped like the warm-up ones.
 RUN_MARGIN_S = 2
+WARMUP = "warmup"  # the level tag of a run that only warms an engine up
 
 
 def run_load(
@@ -144,7 +145,7 @@ def run_level(
     started = time.monotonic()
     log_path = run_locust(
         base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
-        cores=cores,
+        cores=cores, html=repeat == 0 and level != WARMUP,
     )
     samples = [s.model_copy(update={"repeat": repeat}) for s in read_samples(samples_path)]
     if not samples:
@@ -195,7 +196,7 @@ def run_rate(
     stop_timeout_s = math.ceil(profile.request_timeout_s)
     stop_when = _tailing(samples_path, watch) if watch is not None else None
     run_locust(base_url, env, users, run_s, stop_timeout_s, out_dir, tag, workers=profile.workers,
-               cores=cores, stop_when=stop_when)
+               cores=cores, stop_when=stop_when, html=False)
     return read_samples(samples_path)
 
 
