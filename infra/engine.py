@@ -161,6 +161,10 @@ class EngineArgs(BaseModel):
         """Refuse settings that do not fit the spec's stages, given as (name, parent,
         serves_parent_again); raise ValueError. Default: nothing to check."""
 
+    def check_gpus(self, stage: str, config: dict, gpus: list) -> None:
+        """Refuse a stage's checkpoint (its config.json) that this kind cannot serve on the GPUs
+        the run was given (infra/placement.Gpu); raise SpecError. Default: nothing to check."""
+
     def serves_apart(self, stage: str, other: str) -> bool:
         """Whether two stages are served by two engines (False: one server answers both)."""
         return True

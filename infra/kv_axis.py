@@ -26,6 +26,13 @@ def split_skipped(axis: str) -> tuple[str, tuple[int, ...]]:
     return base, tuple(int(layer) for layer in listed.split(",") if layer)
 
 
+def per_head_scales(config: dict) -> bool:
+    """Whether a checkpoint's KV cache scales are per attention head (compressed-tensors
+    `kv_cache_scheme.strategy: attn_head`), which only some attention backends serve."""
+    scheme = (config.get("quantization_config") or {}).get("kv_cache_scheme") or {}
+    return scheme.get("strategy") == "attn_head"
+
+
 def quantized_share(axis: str, layers: int) -> float:
     """The share of the decoder's layers whose cache is quantized (1.0 without skips)."""
     skipped = len([layer for layer in split_skipped(axis)[1] if layer < layers])

@@ -40,6 +40,8 @@ class Gpu(BaseModel):
     name: str = Field(default="GPU", description="Model name, e.g. 'NVIDIA H100 80GB HBM3'.")
     memory_bytes: int = Field(gt=0, description="Total device memory.")
     used_bytes: int = Field(default=0, ge=0, description="Held by other processes when read.")
+    compute_capability: str | None = Field(
+        default=None, description="nvidia-smi's compute_cap ('9.0' on Hopper); None: not read.")
 
     @property
     def kind(self) -> tuple[str, int]:
@@ -265,16 +267,27 @@ def wait_until_free(devices: list[int], utilization: float, timeout_s: float = 1
 
 
 def host_gpus(run=subprocess.run) -> list[Gpu]:
-    """This host's GPUs as nvidia-smi lists them ([] without nvidia-smi or a GPU)."""
+    """This host's GPUs as nvidia-smi lists them ([] without nvidia-smi or a GPU), with their
+    compute capability where the driver reports it (compute_cap: drivers since 2021)."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = run(["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used",
-                   "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                  timeout=30, check=True).stdout
+        out = _smi(run, "index,name,memory.total,memory.used")
     except (OSError, subprocess.SubprocessError):
         return []
-    return parse_nvidia_smi(out)
+    gpus = parse_nvidia_smi(out)
+    try:
+        capabilities = dict(line.replace(" ", "").split(",")
+                            for line in _smi(run, "index,compute_cap").strip().splitlines())
+    except (OSError, subprocess.SubprocessError, ValueError):  # an older driver: not reported
+        return gpus
+    return [gpu.model_copy(update={"compute_capability": capabilities.get(str(gpu.index))})
+            for gpu in gpus]
+
+
+def _smi(run, fields: str) -> str:
+    return run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+               capture_output=True, text=True, timeout=30, check=True).stdout
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:

@@ -10,7 +10,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.engine import MAX_CONTEXT_TOKENS, EngineArgs
+from infra.errors import SpecError
 from infra.gpu_args import GpuArgs
+from infra.kv_axis import per_head_scales
 from infra.quiet import quiet
 from infra.refused_flags import AXIS, check_args, refused_flag, typed
 from infra.secrets import ENGINE_KEY_ENV, MASK, redact_args, split_api_key
@@ -51,6 +53,9 @@ REFUSED_FLAGS: dict[str, str] = {
                      "template, not the flag's; put the template in the checkpoint as "
                      "chat_template.jinja",
 }
+# Compute capability majors whose default FlashAttention (3 on Hopper, 4 on Blackwell SM100)
+# keeps a KV scale per attention head.
+PER_HEAD_SCALE_MAJORS = ("9", "10")
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
 SHORT_FLAGS = {"-q": "quantization", "-tp": "tensor-parallel-size"}  # vLLM's short aliases of refused flags
 
@@ -150,6 +155,23 @@ class VllmEngineSpec(GpuArgs, EngineArgs):
 
     def check_extra_args(self, args: list[str]) -> None:
         check_vllm_args(args)
+
+    def check_gpus(self, stage: str, config: dict, gpus: list) -> None:
+        # vLLM (0.32, `supports_per_head_quant_scales`) serves per-head KV scales only on the
+        # FlashAttention backend at version 3 (Hopper, compute capability 9.x) or 4 (Blackwell
+        # 10.x); elsewhere FlashAttention 2 is picked and no backend is left at start-up.
+        if not per_head_scales(config):
+            return
+        other = [gpu for gpu in gpus if gpu.compute_capability is not None
+                 and gpu.compute_capability.split(".")[0] not in PER_HEAD_SCALE_MAJORS]
+        if other:
+            named = ", ".join(f"GPU {gpu.index} ({gpu.name}) is {gpu.compute_capability}"
+                              for gpu in other)
+            raise SpecError(
+                f"stage {stage!r}: the checkpoint's kv_cache_scheme has a scale per attention "
+                "head (strategy \"attn_head\"), which CUDA vLLM serves only with FlashAttention "
+                f"3 or 4 (compute capability 9.x or 10.x); {named}: calibrate it with strategy "
+                "\"tensor\", or run on a Hopper or Blackwell GPU")
 
     def config_source(self) -> str:
         return ("its start-up log has no engine config line with {missing} (vLLM's "

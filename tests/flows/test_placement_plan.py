@@ -24,7 +24,7 @@ from infra.errors import SpecError
 from infra.placement import declared_gpus, parse_nvidia_smi
 from infra.vllm_engine import build_command
 from load.profile import load_profile
-from tests.flows.checkpoints import make_checkpoint
+from tests.flows.checkpoints import W8A16, make_checkpoint
 
 DEMO_CONFIG = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
                "head_dim": 64, "hidden_size": 576}
@@ -152,3 +152,34 @@ def test_away_from_the_engine_host_an_unknown_gpu_is_left_to_the_worker(tmp_path
     assert plan_run_placement(spec, plan(spec), 5120, [], required=False) is None
     with pytest.raises(SpecError, match="no GPU is known"):
         plan_run_placement(spec, plan(spec), 5120, [])
+
+
+def test_per_head_kv_scales_are_refused_on_a_gpu_without_flashattention_3_before_any_engine(tmp_path):
+    """CUDA vLLM serves a KV scale per attention head only with FlashAttention 3 (Hopper) or 4
+    (Blackwell); on an A100 or an L40S no backend is left and the engine dies at start-up. The
+    GPUs' compute capability (nvidia-smi's compute_cap) decides before any engine starts; a GPU
+    whose capability was not read (validating elsewhere) is left to the engine host's check."""
+    scheme = {"num_bits": 8, "type": "float", "strategy": "attn_head", "dynamic": False,
+              "symmetric": True}
+    folders = {}
+    for name, quantization in (("bf16", None), ("w8", W8A16),
+                               ("kv", W8A16 | {"kv_cache_scheme": scheme})):
+        folders[name] = make_checkpoint(tmp_path / name, quantization)
+        config = json.loads((folders[name] / "config.json").read_text()) | DEMO_CONFIG
+        (folders[name] / "config.json").write_text(json.dumps(config))
+    spec = Spec.model_validate({
+        "candidate": "c", "baseline": {"checkpoint": str(folders["bf16"])},
+        "engine": {"kind": "vllm", "device": "cuda"},
+        "stages": [{"name": "w8", "kind": "weights", "checkpoint": str(folders["w8"])},
+                   {"name": "kv", "kind": "kv_cache", "checkpoint": str(folders["kv"]),
+                    "engine_flags": {"kv_cache_dtype": "fp8"}}],
+        "evalsets": [{"name": "math", "limit": 40}],
+    })
+    a100, h100 = (parse_nvidia_smi(f"0, {name}, 81920, 0")[0].model_copy(
+        update={"compute_capability": cap}) for name, cap in (("NVIDIA A100-SXM4-80GB", "8.0"),
+                                                              ("NVIDIA H100 80GB HBM3", "9.0")))
+    with pytest.raises(SpecError, match=r"stage 'kv'.*per attention head.*GPU 0 "
+                       r"\(NVIDIA A100-SXM4-80GB\) is 8.0"):
+        plan_run_placement(spec, plan(spec), 5120, [a100])
+    assert plan_run_placement(spec, plan(spec), 5120, [h100]).stage.devices == [0]
+    assert plan_run_placement(spec, plan(spec), 5120, declared_gpus(80, 1)) is not None

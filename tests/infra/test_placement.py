@@ -113,6 +113,25 @@ def test_nvidia_smi_lines_are_read_and_a_host_without_it_has_none(monkeypatch):
     assert declared_gpus(80, 2)[1].memory_bytes == 80 * GIB
 
 
+def test_each_gpus_compute_capability_is_read_where_the_driver_reports_it(monkeypatch):
+    """compute_cap decides what attention backend CUDA vLLM can pick (per-head KV scales need
+    Hopper or Blackwell); a driver without that field still gives the GPUs, capability unknown."""
+    monkeypatch.setattr("infra.placement.shutil.which", lambda name: "/usr/bin/nvidia-smi")
+    answers = {"index,name,memory.total,memory.used": "0, NVIDIA A100-SXM4-80GB, 81920, 4\n"
+               "1, NVIDIA H100 80GB HBM3, 81559, 0\n", "index,compute_cap": "0, 8.0\n1, 9.0\n"}
+
+    def smi(args, **kwargs):
+        fields = args[1].removeprefix("--query-gpu=")
+        if fields not in answers:
+            raise subprocess.CalledProcessError(2, "nvidia-smi")  # an older driver's answer
+        return subprocess.CompletedProcess(args, 0, answers[fields], "")
+
+    assert [(g.index, g.compute_capability) for g in host_gpus(run=smi)] == [(0, "8.0"), (1, "9.0")]
+    del answers["index,compute_cap"]
+    assert [(g.name, g.compute_capability) for g in host_gpus(run=smi)] == [
+        ("NVIDIA A100-SXM4-80GB", None), (H100, None)]
+
+
 def test_a_gpu_another_process_holds_is_named_before_any_engine_starts():
     busy = [Gpu(index=0, name=H100, memory_bytes=80 * GIB, used_bytes=50 * GIB)]
     with pytest.raises(SpecError, match=r"GPU 0 already holds 50.0 GiB \(another process\); its "
