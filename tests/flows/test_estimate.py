@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from flows.estimate import (
@@ -104,6 +106,28 @@ def test_predicted_against_actual_says_when_it_was_off():
     assert predicted_against_actual({}, 10) is None
 
 
+def test_a_rollbacks_diagnosis_and_repair_are_named_apart_from_the_prediction():
+    """The demo's W4A16 run with its repair, every stage from the cache, once printed "predicted
+    before 0 s to 0 s (off by more than 20 %)" for 7 minutes that were the diagnosis (220 s) and
+    the repair stage (182 s): what the estimate never predicted is named, not held against it."""
+    cached = {"predicted_before_low_s": 0, "predicted_before_high_s": 0,
+              "diagnosis": 230.0, "repair": 195.0}
+    assert predicted_against_actual(cached, 448) == (
+        "estimate: the run took 7 min; predicted before 0 s to 0 s; beside it, not predicted: "
+        "diagnosis 4 min, repair 3 min")
+    # The stages themselves off the prediction still say so.
+    slow = cached | {"predicted_before_high_s": 60}
+    assert "(off by more than 20 %)" in predicted_against_actual(slow, 448 + 300)
+    every = estimate(_works(cached=True), prior_speed(avx512=True), 1.0)
+    assert "the stage cache" not in every.line("the run should take")  # the baseline is not
+    assert estimate([], prior_speed(avx512=True), 1.0).stages == 0
+    both = [StageWork(w.name, w.first_items, w.last_items, w.timed, w.loaded, cached=True)
+            for w in _works()]
+    assert estimate(both, prior_speed(avx512=True), 1.0).line("x") == (
+        "estimate: every stage was measured before (taken from the stage cache): the run is its "
+        "gating and report")
+
+
 def test_a_sampled_set_is_estimated_in_generations_not_items(tmp_path):
     from types import SimpleNamespace
 
@@ -202,6 +226,13 @@ evalsets: [{{name: math, limit: 100}}]
     assert "the baseline as measured in this run" in gpu.after(0, _timed())
     cpu = RunEstimate(prepared, tmp_path / "cache", set(), avx512=True)
     assert "AVX-512 figures of FACTS.md" in cpu.before()
+    assert "rollback" not in cpu.before()
+    repairing = RunEstimate(prepared, tmp_path / "cache", {"c1"}, avx512=True, on_rollback="repair")
+    assert re.search(r"; a rollback adds its diagnosis \(not estimated\) and a repair stage of "
+                     r"(~\d+ (s|min)|\d+ (s|min) to \d+ min) \(none where", repairing.before())
+    diagnosing = RunEstimate(prepared, tmp_path / "cache", set(), avx512=True,
+                             on_rollback="diagnosis")
+    assert diagnosing.before().endswith("; a rollback adds its diagnosis (not estimated)")
     _timed().save(tmp_path / "cache" / "abc123")  # a baseline this host measured before
     again = RunEstimate(prepared, tmp_path / "cache", set(), avx512=None)
     assert "measured on this host before" in again.before()
