@@ -161,10 +161,14 @@ class Estimate:
         if self.high_s == 0 and self.stages:
             return ("estimate: every stage was measured before (taken from the stage cache): "
                     "the run is its gating and report")
-        span = (f"~{_minutes(self.low_s)}" if self.high_s - self.low_s < 60 else
-                f"{_minutes(self.low_s)} to {_minutes(self.high_s)}")
-        return (f"estimate: {what} {span} for {self.stages} stage{'s' * (self.stages != 1)} "
-                f"(high end: every set grown to its last look); speed from {self.source}")
+        return (f"estimate: {what} {_span(self.low_s, self.high_s)} for {self.stages} "
+                f"stage{'s' * (self.stages != 1)} (high end: every set grown to its last look); "
+                f"speed from {self.source}")
+
+
+def _span(low: float, high: float) -> str:
+    """'~5 min' where the range is under a minute wide, else '5 min to 12 min'."""
+    return f"~{_minutes(low)}" if high - low < 60 else f"{_minutes(low)} to {_minutes(high)}"
 
 
 def _minutes(seconds: float) -> str:
@@ -258,8 +262,8 @@ class RunEstimate:
             return "; a rollback adds its diagnosis (not estimated)"
         candidate = replace(self.works[-1], cached=False)
         low, high = stage_seconds(candidate, self.speed, self.rounds_factor)
-        span = f"~{_minutes(low)}" if high - low < 60 else f"{_minutes(low)} to {_minutes(high)}"
-        return (f"; a rollback adds its diagnosis (not estimated) and a repair stage of {span} "
+        return (f"; a rollback adds its diagnosis (not estimated) and a repair stage of "
+                f"{_span(low, high)} "
                 "(none where it serves a stage's bytes measured before)")
 
     def after(self, index: int, record: StageRecord) -> str | None:
