@@ -11,9 +11,10 @@ chance of a false go stays within alpha however many there are):
   keep 1/`max_error_ratio` of the right answers (`SetMargin`: judged against the baseline's
   true rates by ratio score tests, not the sample's); a set whose baseline has fewer right
   answers than the pooled margin's worth cannot vouch and is shown;
-- every group of a set (the long-context length buckets) at the group margin, when the stage
-  serves a quantized KV cache (long context is where KV error shows) or the policy asks for
-  groups always; otherwise a group only fails on confident harm.
+- every group of a set (the long-context length buckets) at the group margin, capped by the
+  ratio like a set where its baseline may sit near the ceiling or the floor (`group_rule`), when
+  the stage serves a quantized KV cache (long context is where KV error shows) or the policy asks
+  for groups always; otherwise a group only fails on confident harm.
 
 A set's groups are strata of its interval; declared clusters widen every interval by their
 design effect (gates.noninferiority). A rule that its items cannot resolve is inconclusive and
@@ -28,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import binomtest, norm
 
 from evalsets.results import QualityItem, QualityResult
 from evalsets.sampling import sub_items
@@ -228,8 +229,8 @@ class SetMargin:
     margin the sample's accuracy implies: the stage passes when it is non-inferior at `floor`,
     or at `margin` while paired score tests on the ratio of error rates (and of right-answer
     rates) say the stage stays within `ratio` of the baseline's; it fails when it is worse than
-    `floor` and either worse than `margin` or beyond the ratio. Without `ratio` (a group) it is
-    `margin` alone."""
+    `floor` and either worse than `margin` or beyond the ratio. Without `ratio` (a group away
+    from the ceiling and the floor) it is `margin` alone."""
 
     margin: float
     floor: float | None = None
@@ -272,6 +273,36 @@ class Judged:
     high: float
     margin: float
     read: str
+
+
+def set_rule(counts: SetCounts, margin: float, policy: GatePolicy,
+             reach: int | None = None) -> SetMargin:
+    """A set's rule: its own margin (`set_margin_factor`), capped by the ratio where it sits."""
+    q = policy.quality
+    return SetMargin(own_margin(counts, margin, q.set_margin_factor, policy, reach), margin,
+                     q.max_error_ratio)
+
+
+def group_rule(counts: SetCounts, margin: float, policy: GatePolicy,
+               reach: int | None = None) -> SetMargin:
+    """A group's rule: its own margin (`group_margin_factor`), on the ratio scale where the
+    baseline may sit near the ceiling or the floor (a bucket at 95 %: a 20-point loss is 5x its
+    errors). There, as a set is, it holds the wide margin only where the ratio tests show the
+    group within `max_error_ratio`, else the margin a set would get. "May sit": the margin is
+    wider than the ratio allows at the bound of the baseline's accuracy (Wilson, at the policy's
+    confidence). A group whose items cannot resolve a set's margin even with no flip at all
+    (context_ruler's 20-item buckets) keeps its own."""
+    q = policy.quality
+    at = own_margin(counts, margin, q.group_margin_factor, policy, reach)
+    floor = own_margin(counts, margin, q.set_margin_factor, policy, reach)
+    accuracy = binomtest(counts.baseline_correct, counts.n).proportion_ci(q.confidence, "wilson")
+    allows = min((q.max_error_ratio - 1) * (1 - accuracy.high),
+                 (1 - 1 / q.max_error_ratio) * accuracy.low)
+    n = max(reach or 0, counts.items)
+    level = look_alpha(q.alpha, q.max_looks)
+    if floor >= at or at <= allows or score_interval([Stratum(n, 0, 0)], level)[1] < -floor:
+        return SetMargin(at)
+    return SetMargin(at, floor, q.max_error_ratio)
 
 
 def _pooled(sets: list[SetCounts], margin: float, level: float,
@@ -425,7 +456,6 @@ def checks_at_look(
         return [missing("quality", "quality")]
     precision = precision_class(stage.axes)
     margin = policy.tolerance(precision).accuracy_margin
-    ratio = q.max_error_ratio  # sets only: a group (a bucket of ~30) is a collapse detector
     per_group = groups_required(stage.axes, policy)
     paired, problems = measured_sets(stage.quality, parent.quality, baseline.quality)
     reach = stage.quality.reach
@@ -453,18 +483,17 @@ def checks_at_look(
                     details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
                              "stage_accuracy": g.stage_correct / g.n}))
                 continue
-            at = own_margin(g, margin, q.group_margin_factor, policy,
-                            reach.get(f"{name}.{group}"))
-            group_checks.append(set_check(g, SetMargin(at), per_group, policy, "group"))
+            group_checks.append(set_check(g, group_rule(g, margin, policy,
+                                                         reach.get(f"{name}.{group}")),
+                                          per_group, policy, "group"))
     if not problems and sets:
         pooled = pooled_check(sets, margin, precision, policy)
         pooled.details["sets_too_small"] = len(paired) - len(sets)
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, SetMargin(own_margin(s, margin, q.set_margin_factor, policy,
-                                                 reach.get(s.rule.removeprefix("quality."))),
-                                      margin, ratio), True, policy) for s in sets]
+    checks += [set_check(s, set_rule(s, margin, policy, reach.get(s.rule.removeprefix("quality."))),
+                         True, policy) for s in sets]
     return checks + group_checks
 
 
@@ -612,13 +641,13 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
     per_group = groups_required(axes, policy)
 
-    ratio, target = q.max_error_ratio, RESOLVE_POWER
+    target = RESOLVE_POWER
 
-    def unresolved(counts: SetCounts, factor: float, key: str, capped: bool = True) -> int:
+    def unresolved(counts: SetCounts, key: str, group: bool = False) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
-        at = own_margin(counts, margin, factor, policy, stage.reach.get(key))
-        rule = SetMargin(at, margin, ratio) if capped else SetMargin(at)
+        reach = stage.reach.get(key)
+        rule = (group_rule if group else set_rule)(counts, margin, policy, reach)
         if counts.items < q.min_items:
             return q.min_items
         judged_now = rule.judge(counts, level)
@@ -635,7 +664,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         vs_baseline, vs_parent = paired[name]
         deff = sets[name].design_effect
         wanted = {group: unresolved(SetCounts.of(name, g_base, g_parent, deff),
-                                    q.group_margin_factor, f"{name}.{group}", capped=False)
+                                    f"{name}.{group}", group=True)
                   for group, (g_base, g_parent) in _group_pairs(vs_baseline, vs_parent).items()}
         return {group: need for group, need in wanted.items() if need}
 
@@ -656,7 +685,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     open_groups: dict[str, dict[str, int]] = {}
     own_open: set[str] = set()
     for name, counts in sets.items():
-        own = unresolved(counts, q.set_margin_factor, name)
+        own = unresolved(counts, name)
         groups = group_unresolved(name) if per_group else {}
         open_groups[name] = groups
         if own:

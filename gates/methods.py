@@ -39,7 +39,11 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
         {"rule": "quality.<set>.<group>", "method": (
             f"each group (long-context length bucket, a user set's group field) at "
             f"up to {q.group_margin_factor:g}x the margin (the loss its items resolve, as for a "
-            f"set); blocking for a stage serving a quantized KV "
+            f"set); where the baseline may sit near the ceiling or the floor (that margin wider "
+            f"than {q.max_error_ratio:g}x its errors allow at the Wilson bound of its accuracy), "
+            f"only while the ratio tests show it within, else a set's {q.set_margin_factor:g}x "
+            f"(unless its items cannot resolve that with no flip); blocking for a stage serving a "
+            f"quantized KV "
             "cache" + (" and for every stage" if q.long_context_required else "")
             + ", otherwise shown")},
         {"rule": "clusters", "method": (

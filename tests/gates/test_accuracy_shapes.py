@@ -332,3 +332,37 @@ def test_a_set_a_jump_took_past_its_reach_is_held_to_what_its_items_resolve():
     assert abs(check.limit + resolves(320)) < 1e-9
     assert check.status != "pass" and not check.passed, check.reason
     assert check.details["ci_low"] > -0.16  # what the margin of its reach would have passed
+
+
+def _with_flips(base: list[float], groups: list[str], bucket: str, broke: int,
+                fixed: int) -> list[float]:
+    """`base` with the first `broke` right and `fixed` wrong answers of one bucket flipped."""
+    stage, left = list(base), {1.0: broke, 0.0: fixed}
+    for i, (score, group) in enumerate(zip(base, groups, strict=True)):
+        if group == bucket and left[score]:
+            stage[i], left[score] = 1.0 - score, left[score] - 1
+    return stage
+
+
+def test_a_bucket_at_the_ceiling_is_judged_on_its_errors():
+    """A 120-item bucket at 95 % losing 12 points (3.3x its errors) cleared the 20-point group
+    margin; where the baseline may sit near the ceiling a bucket gets the wide margin only within
+    2.5x its errors, else a set's 16 points. The same loss at 70 % is within the ratio and passes
+    at 20, and an equivalent bucket at 95 % passes."""
+    right = {"512": 114, "1k": 102, "2k": 84, "4k": 66}
+    base, groups = bucketed(120, right)
+    baseline = record("baseline", None, {"long_context": items(base, groups)})
+
+    def bucket(stage_scores: list[float], name: str):
+        kv = record("kv", "baseline", {"long_context": items(stage_scores, groups)}, axes=KV)
+        return by_rule(quality_checks(kv, baseline, baseline, POLICY))[
+            f"quality.long_context.{name}"]
+
+    ceiling = bucket(_with_flips(base, groups, "512", broke=14, fixed=0), "512")
+    assert ceiling.status != "pass" and not ceiling.passed
+    assert ceiling.details["ci_low"] > -0.20  # what the 20-point margin alone passed
+    assert "2.5x the baseline's errors" in ceiling.reason
+    middle = bucket(_with_flips(base, groups, "2k", broke=14, fixed=0), "2k")
+    assert middle.status == "pass", middle.reason
+    equivalent = bucket(_with_flips(base, groups, "512", broke=6, fixed=5), "512")
+    assert equivalent.status == "pass", equivalent.reason

@@ -100,6 +100,13 @@ def test_a_collapsed_bucket_rolls_back_a_kv_stage_on_that_bucket():
     assert rate == 0 and blocking.get("quality.long_context.4k", 0) >= 5, blocking
 
 
+def test_a_bucket_at_the_ceiling_losing_twice_the_margin_rolls_back_on_that_bucket():
+    """The 512 bucket (95 %) losing 16 points is 4x its errors: it went 15 % at the 20-point
+    group margin; judged on its errors it rolls back."""
+    rate, blocking = p_go(row("kv: only the 512 bucket"), POLICY, trials=8, seed=4)
+    assert rate == 0 and blocking.get("quality.long_context.512", 0) >= 7, blocking
+
+
 def test_creep_over_a_chain_is_caught_against_the_baseline():
     verdict = trial(row("creep: -4 pts"), POLICY, np.random.default_rng(4))
     assert verdict.decision == "rollback"
