@@ -740,7 +740,8 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
                    policy: GatePolicy) -> dict[str, list[str]]:
     """The sets to grow while a blocking length rule is inconclusive, each with the open rules
     it grows for: the sets whose own ratio (vs the parent or vs the baseline) is unresolved, or,
-    where only the pooled one is, those in which an answer changed length. A set whose answers
+    where only the pooled one is, those in which an answer changed length; with no blocking rule
+    open, the sets whose own unresolved ratio lies beyond the limit. A set whose answers
     all kept their length (the demo's long-context retrievals, its costliest items) carries no
     drift to resolve: more of it would only dilute the pooled ratio toward x1, a pass bought by
     averaging in zeros."""
@@ -765,7 +766,12 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
     found = [c for c in length_checks(stage_record, parent_record, policy, base_record,
                                       finish=False)
              if c.status == "inconclusive" and more_can_decide(c)]
-    if not any(not c.passed for c in found):  # only advisory ones open: nothing to decide
+    # A set's own ratio is advisory while unresolved, but one whose estimate lies beyond the
+    # limit grows, so that its items can show the drift (x1.20 in one set, x1.05 pooled, went
+    # 35-55 % at the first look's items); otherwise only a blocking rule grows anything.
+    if not any(not c.passed for c in found):
+        found = [c for c in found if c.details.get("leans_beyond")]
+    if not found:
         return {}
     open_rules = [c.rule for c in found]
     named = {name: [rule for rule in open_rules

@@ -433,7 +433,8 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
             details={"n": results[name].n, "mean_log_ratio": results[name].estimate,
                      **_interval(results[name]), "changed": results[name].changed,
                      "cut": results[name].cut, "reference_cut": results[name].reference_cut,
-                     "p_holm": adjusted[name]},
+                     "p_holm": adjusted[name],
+                     "leans_beyond": not bounds[0] <= results[name].estimate <= bounds[1]},
         ) for name in sets]
     return checks
 

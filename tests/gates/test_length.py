@@ -319,3 +319,36 @@ def test_where_most_answers_are_cut_a_control_goes_on_the_ratio_within_the_budge
     assert found["length"].status == "pass", found["length"].reason
     assert "the ratio within the budget" in found["length"].reason
     assert "2 of 200 answers newly cut at it" in found["length"].reason
+
+
+def test_a_set_whose_own_ratio_leans_beyond_the_limit_grows_though_the_pool_passes():
+    """A set's own unresolved ratio does not block, but one lying beyond the limit grows: x1.20
+    in math alone went 35 % at the first look's items (the pooled ratio, x1.05, passes), 8 %
+    when math grows until its items show the drift."""
+    from gates.accuracy import more_items
+
+    def quality(lengths: dict[str, list[int]]) -> QualityResult:
+        return QualityResult(tasks={name: TaskQuality(task=name, metric="acc", value=0.5, items=[
+            QualityItem.model_construct(id=str(i), prompt_hash="h", response="",
+                                        score=float(i % 2), group=None, cluster=None,
+                                        output_tokens=n, finish_reason="stop")
+            for i, n in enumerate(values)]) for name, values in lengths.items()})
+
+    plain = {name: [40 + i % 7 for i in range(100)] for name in ("business", "code")}
+    math_base = [60 + i % 11 for i in range(60)]
+    # Every other answer 1.8x longer, the rest 0.73x: x1.15 on average, scattered (unresolved).
+    math_stage = [round(n * (1.8 if i % 2 else 0.73)) for i, n in enumerate(math_base)]
+    base = quality(plain | {"math": math_base})
+    leaning = quality(plain | {"math": math_stage})
+    found = {c.rule: c for c in length_checks(
+        StageRecord(name="s", kind="stage", parent="b", axes={}, quality=leaning),
+        StageRecord(name="b", kind="baseline", parent=None, axes={}, quality=base), POLICY)}
+    assert found["length"].status == "pass"
+    assert found["length.math"].status == "inconclusive" and found["length.math"].passed
+    assert found["length.math"].details["leans_beyond"]
+    pools = {"math": 1000, "business": 300, "code": 160}
+    assert more_items(leaning, base, "8bit", POLICY, pools) == {
+        "math": 120, "business": 100, "code": 100}
+    # Within the limit (x1.0 on average, as scattered), an unresolved set is left as it is.
+    even = [round(n * (1.37 if i % 2 else 0.73)) for i, n in enumerate(math_base)]
+    assert more_items(quality(plain | {"math": even}), base, "8bit", POLICY, pools) is None

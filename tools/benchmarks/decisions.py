@@ -84,6 +84,10 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  sets=heavy_cut),
         Scenario("length x1.15 on math/business/code only",
                  [Step(length={"math": 1.15, "business": 1.15, "code": 1.15})], "rollback"),
+        Scenario("length x1.20 (2x the limit) in math only", [Step(length={"math": 1.20})],
+                 "rollback"),
+        Scenario("length x1.20 (2x the limit) in code only", [Step(length={"code": 1.20})],
+                 "rollback"),
         Scenario("length x1.05 per step over 3 stages", [Step(length={"*": 1.05**k})
                                                          for k in (1, 2, 3)], "rollback"),
         Scenario("KL at 0.3x the limit, 2k-token corpus", corpus_tokens=2048),
