@@ -646,10 +646,9 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     def unresolved(counts: SetCounts, key: str, group: bool = False) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
-        reach = stage.reach.get(key)
-        rule = (group_rule if group else set_rule)(counts, margin, policy, reach)
         if counts.items < q.min_items:
             return q.min_items
+        rule = (group_rule if group else set_rule)(counts, margin, policy, stage.reach.get(key))
         judged_now = rule.judge(counts, level)
         if counts.bound(rule.least) or judged_now.outcome != "inconclusive":
             return 0
