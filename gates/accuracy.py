@@ -641,8 +641,6 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
     limits = {name: pools.get(name, n) for name, n in sizes.items()}
     per_group = groups_required(axes, policy)
 
-    target = RESOLVE_POWER
-
     def unresolved(counts: SetCounts, key: str, group: bool = False) -> int:
         """0 when the rule is resolved (or cannot be: at the floor), else the set's items at
         which it would resolve."""
@@ -654,7 +652,7 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
             return 0
         # Planned at the margin that holds now: the floor until the ratio tests show the stage
         # within (a set near the ceiling then grows for the test that can decide it).
-        return max(1, counts.needed(judged_now.margin, level, target))
+        return max(1, counts.needed(judged_now.margin, level, RESOLVE_POWER))
 
     last = stage.looks + 1 >= q.max_looks  # the look planned now is the last one
 
