@@ -9,8 +9,11 @@ chance of a false go stays within alpha however many there are):
   the stage may make at most `max_error_ratio` times the baseline's errors (95 % -> 85 % is 3x
   the errors, though only 10 points), never below the pooled margin; near the floor it must
   keep 1/`max_error_ratio` of the right answers (`SetMargin`: judged against the baseline's
-  true rates by ratio score tests, not the sample's); a set whose baseline has fewer right
-  answers than the pooled margin's worth cannot vouch and is shown;
+  true rates by ratio score tests, not the sample's). A set at the floor, whose baseline has
+  too few right answers for losing them all to show a margin-sized drop, cannot vouch in the
+  pool and is judged on that ratio alone (`floor_judge`): it fails once it confidently keeps
+  less, and blocks while unresolved where an equivalent stage would resolve by its reach;
+  a few right answers that flip at random (a guess's) are shown unless confidently lost;
 - every group of a set (the long-context length buckets) at the group margin, capped by the
   ratio like a set where its baseline may sit near the ceiling or the floor (`group_rule`), when
   the stage serves a quantized KV cache (long context is where KV error shows) or the policy asks
@@ -171,6 +174,19 @@ class SetCounts:
             return f"at the floor: the baseline answers {self.baseline_correct}/{self.n} right"
         return None
 
+    def at_floor(self, margin: float, level: float, ratio: float) -> bool:
+        """Losing every right answer could not be shown to lose `margin` (the drop's bound at
+        `level` stays within it): the margin cannot judge this set, the ratio of its right
+        answers does (`floor_judge`). A set that cannot vouch is at the floor, and so is one
+        right on exactly the margin's worth (24 of 300 at 8 points); one whose ratio would
+        allow more than `margin` (a 30-item bucket at 30 %: 18 points) is not: too few items
+        make it look so, and the margin judges it."""
+        if self.bound(margin):
+            return True
+        lost = Stratum(self.n, self.baseline_correct, 0, design_effect=self.design_effect)
+        allows = (1 - 1 / ratio) * self.baseline_correct / self.n
+        return allows <= margin and score_interval([lost], level)[2] >= -margin
+
     def summary(self) -> str:
         clustered = (f"; clusters: design effect {self.design_effect:.2f}"
                      if self.design_effect > 1 else "")
@@ -273,6 +289,57 @@ class Judged:
     high: float
     margin: float
     read: str
+    resolves: bool = True  # an equivalent stage would resolve the rule by the set's reach
+
+
+def _at_reach(s: SetCounts, reach: int | None) -> tuple[int, float, float]:
+    """Pairs, baseline right answers and flips each way (blinded: half their sum; a floor set's
+    few right answers may all be others', a guess's) scaled to the set's reach."""
+    n = max(s.n, (reach or 0) * s.samples)
+    right = s.baseline_correct * n / s.n
+    return n, right, min(right, (s.broke + s.fixed + 1) / (s.n + 2) * n / 2)
+
+
+def floor_resolves(s: SetCounts, policy: GatePolicy, reach: int | None, z: float) -> bool:
+    """An equivalent stage would show its ratio of right answers within at `z` by the reach."""
+    n, right, half = _at_reach(s, reach)
+    return right >= 1 and ratio_z(n, round(right - half), round(half), round(half),
+                                  policy.quality.max_error_ratio, s.design_effect) <= -z
+
+
+def floor_shows_loss(s: SetCounts, policy: GatePolicy, reach: int | None, z: float) -> bool:
+    """Losing every right answer would be shown beyond the ratio at `z` by the reach."""
+    n, right, _ = _at_reach(s, reach)
+    return right >= 1 and ratio_z(n, 0, 0, round(right), policy.quality.max_error_ratio,
+                                  s.design_effect) >= z
+
+
+FLOOR_POWER_Z = float(norm.ppf(RESOLVE_POWER))
+READS = {"pass": "within", "fail": "beyond", "inconclusive": "unresolved"}
+
+
+def floor_judge(s: SetCounts, policy: GatePolicy, reach: int | None = None) -> Judged | None:
+    """A set (or group) at the floor, where losing every right answer is no margin-sized drop,
+    judged on the scale that still resolves there: the stage keeps over 1/`max_error_ratio` of the
+    baseline's right answers (the paired ratio score test on right answers, against the
+    baseline's true rate), or it fails once it confidently keeps less. Where an equivalent stage
+    would not show that by the set's reach (a few right answers that flip at random, a guess's),
+    it is `resolves=False`: it fails on a confident loss, and is shown otherwise. None where the
+    baseline has no right answer: nothing can be lost."""
+    q = policy.quality
+    level = look_alpha(q.alpha, q.max_looks)
+    z = float(norm.ppf(1 - level))
+    if s.baseline_correct == 0:
+        return None
+    kept = s.ratio_z(q.max_error_ratio)[1]
+    outcome = "pass" if kept <= -z else "fail" if kept >= z else "inconclusive"
+    estimate, low, high = score_interval(s.strata, level)
+    share = 1 / q.max_error_ratio
+    read = (f"at the floor ({s.baseline_correct}/{s.n} right: losing them all would not show "
+            f"the margin): keep 1/{q.max_error_ratio:g} of its right answers (ratio score z "
+            f"{kept:+.2f}: {READS[outcome]})")
+    return Judged(outcome, estimate, low, high, (1 - share) * s.baseline_correct / s.n, read,
+                  floor_resolves(s, policy, reach, z + FLOOR_POWER_Z))
 
 
 def set_rule(counts: SetCounts, margin: float, policy: GatePolicy,
@@ -305,25 +372,40 @@ def group_rule(counts: SetCounts, margin: float, policy: GatePolicy,
     return SetMargin(at, floor, q.max_error_ratio)
 
 
-def _pooled(sets: list[SetCounts], margin: float, level: float,
+def _pooled(sets: list[SetCounts], margin: float, level: float, floor_judged: bool = False,
             ) -> tuple[list[SetCounts], tuple[float, float, float] | None, str]:
-    """The sets that can vouch, their pooled (estimate, low, high) and the outcome."""
+    """The sets that can vouch, their pooled (estimate, low, high) and the outcome. Where none
+    can, every set is at the floor: `floor_judged` (some of them are judged on their ratio of
+    right answers, each a required rule of its own) leaves nothing to pool, else nothing can be
+    judged at all."""
     vouching = [s for s in sets if s.bound(margin) is None]
     if not vouching:
-        return vouching, None, "inconclusive"
+        return vouching, None, "pass" if floor_judged else "inconclusive"
     estimate, low, high = score_interval([st for s in vouching for st in s.strata], level)
     return vouching, (estimate, low, high), _outcome(low, high, margin)
 
 
+def floor_judged(sets: list[SetCounts], policy: GatePolicy, reach: dict[str, int]) -> bool:
+    """Some set at the floor is judged on its ratio of right answers (`floor_judge`)."""
+    judged_at = [floor_judge(s, policy, reach.get(s.rule.removeprefix("quality."))) for s in sets]
+    return any(j is not None and j.resolves for j in judged_at)
+
+
 def pooled_check(sets: list[SetCounts], margin: float, precision: str,
-                 policy: GatePolicy) -> Check:
+                 policy: GatePolicy, reach: dict[str, int] | None = None) -> Check:
     """The required rule: equal-weight stratified non-inferiority over the sets that can vouch."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
-    vouching, interval, outcome = _pooled(sets, margin, level)
+    vouching, interval, outcome = _pooled(sets, margin, level,
+                                          floor_judged(sets, policy, reach or {}))
     left_out = [f"{s.rule.removeprefix('quality.')} ({s.bound(margin)})"
                 for s in sets if s.bound(margin)]
     note = f"; left out: {', '.join(left_out)}" if left_out else ""
+    if interval is None and outcome == "pass":
+        return judged("quality.accuracy", "pass", True,
+                      f"every set is at the floor of a {100 * margin:.0f}-point margin: each is "
+                      f"judged on the ratio of its right answers instead{note}",
+                      details={"sets": 0, "margin": margin})
     if interval is None:
         return judged("quality.accuracy", "inconclusive", True,
                       f"no eval set can vouch for accuracy at a {100 * margin:.0f}-point margin{note}",
@@ -348,14 +430,16 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
 
 
 def set_check(s: SetCounts, rule: SetMargin, required: bool, policy: GatePolicy,
-              what: str = "set") -> Check:
+              what: str = "set", reach: int | None = None) -> Check:
     """One set (or group) non-inferior at its own margin; unresolved blocks when required.
 
     Flips against the parent (exact one-sided McNemar) are shown: they say which step broke
     what, while the decision is the non-inferiority against the baseline."""
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
-    judged_at = rule.judge(s, level)
+    at_floor = s.at_floor(rule.least, level, q.max_error_ratio)
+    floor = floor_judge(s, policy, reach) if at_floor else None
+    judged_at = floor or rule.judge(s, level)
     estimate, low, high, margin = (judged_at.estimate, judged_at.low, judged_at.high,
                                    judged_at.margin)
     outcome = judged_at.outcome
@@ -374,11 +458,14 @@ def set_check(s: SetCounts, rule: SetMargin, required: bool, policy: GatePolicy,
         details["samples"] = s.samples
     fields = {"value": low, "limit": -margin, "details": details}
     if outcome == "fail":
-        return judged(s.rule, "fail", True, "worse than the margin even at the upper bound: "
-                      + reason, **fields)
-    if s.bound(rule.least):  # it cannot lose the margin: shown, not a pass it did not earn
+        why = (f"keeps under 1/{q.max_error_ratio:g} of the baseline's right answers even at the "
+               "bound: " if floor else "worse than the margin even at the upper bound: ")
+        return judged(s.rule, "fail", True, why + reason, **fields)
+    if at_floor and (floor is None or (outcome != "pass" and not floor.resolves)):
+        # Too little to judge: shown, not a pass it did not earn, nor a block it cannot lift.
         return judged(s.rule, "inconclusive", False,
-                      f"{s.bound(rule.least)}, cannot vouch: " + reason,
+                      f"at the floor: the baseline answers {s.baseline_correct}/{s.n} right, too "
+                      "few to resolve their ratio (it fails only on a confident loss): " + reason,
                       **fields)
     if outcome == "pass":
         return judged(s.rule, "pass", required, "non-inferior: " + reason, **fields)
@@ -483,17 +570,18 @@ def checks_at_look(
                     details={"n": g.n, "baseline_accuracy": g.baseline_correct / g.n,
                              "stage_accuracy": g.stage_correct / g.n}))
                 continue
-            group_checks.append(set_check(g, group_rule(g, margin, policy,
-                                                         reach.get(f"{name}.{group}")),
-                                          per_group, policy, "group"))
+            at = reach.get(f"{name}.{group}")
+            group_checks.append(set_check(g, group_rule(g, margin, policy, at), per_group, policy,
+                                          "group", at))
     if not problems and sets:
-        pooled = pooled_check(sets, margin, precision, policy)
+        pooled = pooled_check(sets, margin, precision, policy, reach)
         pooled.details["sets_too_small"] = len(paired) - len(sets)
         checks.insert(0, pooled)
     elif not sets:
         checks.append(missing("quality.accuracy", "accuracy on any set with enough items"))
-    checks += [set_check(s, set_rule(s, margin, policy, reach.get(s.rule.removeprefix("quality."))),
-                         True, policy) for s in sets]
+    for s in sets:
+        at = reach.get(s.rule.removeprefix("quality."))
+        checks.append(set_check(s, set_rule(s, margin, policy, at), True, policy, reach=at))
     return checks + group_checks
 
 
@@ -647,8 +735,21 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         if counts.items < q.min_items:
             return q.min_items
         rule = (group_rule if group else set_rule)(counts, margin, policy, stage.reach.get(key))
+        if counts.at_floor(rule.least, level, q.max_error_ratio):
+            floor = floor_judge(counts, policy, stage.reach.get(key))
+            kept = counts.ratio_z(q.max_error_ratio)[1]
+            # One that cannot resolve an equivalent stage grows while it leans beyond the ratio
+            # or its reach could show a loss (the few right answers of a guess, kept, ask for
+            # nothing). Planned on the test's statistic, which grows as the root of the items.
+            if floor is None or floor.outcome != "inconclusive" or not (
+                    floor.resolves or kept >= 0 or floor_shows_loss(
+                        counts, policy, stage.reach.get(key), float(norm.ppf(1 - level)))):
+                return 0
+            wanted = float(norm.ppf(1 - level) + norm.ppf(RESOLVE_POWER))
+            return (max(1, math.ceil(counts.items * (wanted / kept) ** 2)) if kept < 0
+                    else stage.reach.get(key) or pools.get(key, counts.items))
         judged_now = rule.judge(counts, level)
-        if counts.bound(rule.least) or judged_now.outcome != "inconclusive":
+        if judged_now.outcome != "inconclusive":
             return 0
         # Planned at the margin that holds now: the floor until the ratio tests show the stage
         # within (a set near the ceiling then grows for the test that can decide it).
@@ -691,7 +792,8 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
                                   for group, need in groups.items())])
         reasons[name] += ([f"quality.{name}"] if own else []) + [
             f"quality.{name}.{group}" for group in sorted(groups, key=natural_order)]
-    pooled_open = _pooled(list(sets.values()), margin, level)[2] == "inconclusive"
+    pooled_open = _pooled(list(sets.values()), margin, level,
+                          floor_judged(list(sets.values()), policy, stage.reach))[2] == "inconclusive"
     if pooled_open:
         for name in sets:
             reasons[name].insert(0, "quality.accuracy")

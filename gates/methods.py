@@ -35,7 +35,11 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             f"ratio of error rates (Nam-Blackwelder, Tang-Tang-Chan) show the stage makes under "
             f"{q.max_error_ratio:g}x the baseline's true errors (near the ceiling) and keeps over "
             f"1/{q.max_error_ratio:g} of its right answers (near the floor); the limit is never "
-            "read off the few errors a sample of the baseline happened to make")},
+            "read off the few errors a sample of the baseline happened to make. A set at the "
+            "floor (losing every right answer could not show the margin) is judged on that "
+            "ratio of right answers alone: it fails once confidently beyond, blocks while "
+            "unresolved where an equivalent stage would resolve by its reach, else is shown "
+            "(and grows while it leans beyond or its reach could show a loss)")},
         {"rule": "quality.<set>.<group>", "method": (
             f"each group (long-context length bucket, a user set's group field) at "
             f"up to {q.group_margin_factor:g}x the margin (the loss its items resolve, as for a "

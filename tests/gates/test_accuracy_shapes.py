@@ -121,6 +121,62 @@ def test_a_set_near_the_floor_is_judged_on_its_right_answers_not_left_out():
     assert shown["quality.math"].status == "inconclusive" and shown["quality.math"].passed
 
 
+def test_a_set_at_the_floor_is_judged_on_the_ratio_of_its_right_answers():
+    """8 % right (24 of 300): losing every right answer is 8 points, a drop the 8-point margin
+    can never show, so the set was left out and the stage went. On the ratio (keep over 1/2.5
+    of the right answers) the loss fails, while an equivalent stage whose right answers are
+    others' (a guess's, reshuffled) passes; 3 right answers flipping at random are too few to
+    resolve and are shown, not blocking."""
+    vouching = items([1.0] * 120 + [0.0] * 80)
+    base = [1.0] * 24 + [0.0] * 276
+    baseline = record("baseline", None, {"business": items(base), "math": vouching})
+
+    def judged(business: list[float]):
+        stage = record("s", "baseline", {"business": items(business), "math": vouching})
+        return by_rule(quality_checks(stage, baseline, baseline, POLICY))
+
+    lost = judged([0.0] * 300)
+    assert lost["quality.business"].status == "fail" and not lost["quality.business"].passed
+    assert "at the floor" in lost["quality.business"].reason
+    assert lost["quality.accuracy"].status == "pass"  # the pooled rule alone would have gone
+    same = judged([0.0] * 24 + [1.0] * 24 + [0.0] * 252)["quality.business"]
+    assert same.status == "pass" and same.passed, same.reason
+    guess = record("baseline", None, {"business": items([1.0] * 3 + [0.0] * 297),
+                                      "math": vouching})
+    reshuffled = record("s", "baseline", {"business": items([0.0] * 3 + [1.0] * 3 + [0.0] * 294),
+                                          "math": vouching})
+    shown = by_rule(quality_checks(reshuffled, guess, guess, POLICY))["quality.business"]
+    assert shown.status == "inconclusive" and shown.passed and "too few" in shown.reason
+
+
+def test_a_spec_whose_every_set_is_at_the_floor_is_judged_on_their_ratios():
+    """One 1,000-item set at 5 %: nothing vouches at an 8-point margin, yet its 50 right answers
+    resolve their ratio: an equivalent stage goes, one that keeps a fifth of them does not."""
+    base = [1.0] * 50 + [0.0] * 950
+    baseline = record("baseline", None, {"orders": items(base)})
+    same = record("s", "baseline", {"orders": items([0.0] * 10 + [1.0] * 50 + [0.0] * 940)})
+    checks = by_rule(quality_checks(same, baseline, baseline, POLICY))
+    assert checks["quality.accuracy"].status == "pass"
+    assert "every set is at the floor" in checks["quality.accuracy"].reason
+    assert checks["quality.orders"].status == "pass"
+    fifth = record("s", "baseline", {"orders": items([1.0] * 10 + [0.0] * 990)})
+    assert by_rule(quality_checks(fifth, baseline, baseline, POLICY))["quality.orders"].status == "fail"
+
+
+def test_a_floor_set_that_leans_beyond_its_ratio_grows_to_show_it():
+    """40 items, 3 right, all three lost: too few to resolve, but more items can show the loss;
+    3 right answers kept ask for nothing (they cannot resolve, nor lean beyond)."""
+    vouching = items([1.0] * 120 + [0.0] * 80)
+    baseline = record("baseline", None, {"business": items([1.0] * 3 + [0.0] * 37),
+                                         "math": vouching})
+    lost = record("s", "baseline", {"business": items([0.0] * 40), "math": vouching})
+    pools = {"business": 300, "math": 200}
+    accuracy_only = GatePolicy(length={"required": False})  # these items carry no lengths
+    assert more_items(lost.quality, baseline.quality, "8bit", accuracy_only, pools) == {
+        "business": 300, "math": 200}
+    assert more_items(baseline.quality, baseline.quality, "8bit", accuracy_only, pools) is None
+
+
 def test_an_unresolved_set_grows_at_once_to_where_it_resolves():
     """20 code items with 3 flips each way: doubling to 40 would not resolve 16 points at 15 %
     discordance; the next look asks for the re-estimated size, within the pool."""

@@ -37,6 +37,8 @@ def _ceiling(shapes: tuple[SetShape, ...], name: str, accuracy: float) -> tuple[
 
 
 SINGLE_1000 = (SetShape("business", 1000, 1000, {"": 0.6}, tokens=90, budget=256),)
+# A user's set at the floor: 50 right answers of 1,000, no set to pool with.
+SINGLE_FLOOR = (SetShape("business", 1000, 1000, {"": 0.05}, tokens=90, budget=256),)
 # A 1,000-item long-context set in the demo's four buckets (250 each), 200 at the first look.
 LONG_1000 = (SetShape("long_context", 200, 1000, {"512": 0.95, "1k": 0.85, "2k": 0.75, "4k": 0.55},
                       tokens=12, budget=32),)
@@ -73,6 +75,11 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  flips=0.05),
         Scenario("business at the floor (8 %), A/A", sets=_ceiling(DEMO_SETS, "business", 0.08),
                  flips=0.03),
+        Scenario("business at the floor (8 %), A/A, 15 % flips",
+                 sets=_ceiling(DEMO_SETS, "business", 0.08)),
+        Scenario(f"business at the floor (8 %) loses all {100 * m:.0f} pts",
+                 [Step(drop={"business": m})], "rollback",
+                 sets=_ceiling(DEMO_SETS, "business", 0.08), flips=0.03),
         Scenario("clusters of 5 near-duplicates, A/A", sets=_clustered(DEMO_SETS, 5, 0.8)),
         Scenario(f"clusters of 5, pooled drop {m:.0%}", [Step(drop={"*": m})], "rollback",
                  sets=_clustered(DEMO_SETS, 5, 0.8)),
@@ -120,6 +127,9 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  sets=SINGLE_1000),
         Scenario(f"single set of 1,000 items, drop {2 * m:.0%}", [Step(drop={"*": 2 * m})],
                  "never", sets=SINGLE_1000),
+        Scenario("single set of 1,000 items at 5 %, A/A", sets=SINGLE_FLOOR),
+        Scenario("single set of 1,000 items at 5 %, keeps a fifth", [Step(drop={"*": 0.04})],
+                 "never", sets=SINGLE_FLOOR),
         Scenario("kv: 1,000-item long-context set, A/A", kv=True, sets=LONG_1000),
         Scenario(f"kv: 1,000 items, the 4k bucket loses {m:.0%}",
                  [Step(drop={"long_context.4k": m})], "rollback", kv=True, sets=LONG_1000),

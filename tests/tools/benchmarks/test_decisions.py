@@ -107,6 +107,16 @@ def test_a_bucket_at_the_ceiling_losing_twice_the_margin_rolls_back_on_that_buck
     assert rate == 0 and blocking.get("quality.long_context.512", 0) >= 7, blocking
 
 
+def test_a_set_at_the_floor_is_judged_not_left_out():
+    """Business at 8 % losing all 8 points went 74.5 % while a floor set could not vouch; a lone
+    1,000-item set at 5 % rolled back every equivalent stage. Judged on the ratio of their
+    right answers, the loss rolls back on that set and the equivalent stage goes."""
+    rate, blocking = p_go(row("business at the floor (8 %) loses all"), POLICY, trials=8, seed=4)
+    assert rate <= 1 / 8 and blocking.get("quality.business", 0) >= 7, blocking
+    rate, blocking = p_go(row("single set of 1,000 items at 5 %, A/A"), POLICY, trials=4, seed=4)
+    assert rate == 1, blocking
+
+
 def test_creep_over_a_chain_is_caught_against_the_baseline():
     verdict = trial(row("creep: -4 pts"), POLICY, np.random.default_rng(4))
     assert verdict.decision == "rollback"
