@@ -385,9 +385,12 @@ def _pooled(sets: list[SetCounts], margin: float, level: float, floor_judged: bo
     return vouching, (estimate, low, high), _outcome(low, high, margin)
 
 
-def floor_judged(sets: list[SetCounts], policy: GatePolicy, reach: dict[str, int]) -> bool:
-    """Some set at the floor is judged on its ratio of right answers (`floor_judge`)."""
-    judged_at = [floor_judge(s, policy, reach.get(s.rule.removeprefix("quality."))) for s in sets]
+def floor_judged(sets: list[SetCounts], margin: float, policy: GatePolicy,
+                 reach: dict[str, int]) -> bool:
+    """Some set that cannot vouch at `margin` is judged on its ratio of right answers
+    (`floor_judge`); only those are asked, as only they count when none vouches."""
+    judged_at = [floor_judge(s, policy, reach.get(s.rule.removeprefix("quality.")))
+                 for s in sets if s.bound(margin)]
     return any(j is not None and j.resolves for j in judged_at)
 
 
@@ -397,7 +400,7 @@ def pooled_check(sets: list[SetCounts], margin: float, precision: str,
     q = policy.quality
     level = look_alpha(q.alpha, q.max_looks)
     vouching, interval, outcome = _pooled(sets, margin, level,
-                                          floor_judged(sets, policy, reach or {}))
+                                          floor_judged(sets, margin, policy, reach or {}))
     left_out = [f"{s.rule.removeprefix('quality.')} ({s.bound(margin)})"
                 for s in sets if s.bound(margin)]
     note = f"; left out: {', '.join(left_out)}" if left_out else ""
@@ -734,20 +737,21 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         which it would resolve."""
         if counts.items < q.min_items:
             return q.min_items
-        rule = (group_rule if group else set_rule)(counts, margin, policy, stage.reach.get(key))
+        reach = stage.reach.get(key)
+        rule = (group_rule if group else set_rule)(counts, margin, policy, reach)
         if counts.at_floor(rule.least, level, q.max_error_ratio):
-            floor = floor_judge(counts, policy, stage.reach.get(key))
+            floor = floor_judge(counts, policy, reach)
             kept = counts.ratio_z(q.max_error_ratio)[1]
             # One that cannot resolve an equivalent stage grows while it leans beyond the ratio
             # or its reach could show a loss (the few right answers of a guess, kept, ask for
             # nothing). Planned on the test's statistic, which grows as the root of the items.
             if floor is None or floor.outcome != "inconclusive" or not (
                     floor.resolves or kept >= 0 or floor_shows_loss(
-                        counts, policy, stage.reach.get(key), float(norm.ppf(1 - level)))):
+                        counts, policy, reach, float(norm.ppf(1 - level)))):
                 return 0
             wanted = float(norm.ppf(1 - level) + norm.ppf(RESOLVE_POWER))
             return (max(1, math.ceil(counts.items * (wanted / kept) ** 2)) if kept < 0
-                    else stage.reach.get(key) or pools.get(key, counts.items))
+                    else reach or pools.get(key, counts.items))
         judged_now = rule.judge(counts, level)
         if judged_now.outcome != "inconclusive":
             return 0
@@ -793,7 +797,8 @@ def next_look(stage: QualityResult, baseline: QualityResult, precision: str,
         reasons[name] += ([f"quality.{name}"] if own else []) + [
             f"quality.{name}.{group}" for group in sorted(groups, key=natural_order)]
     pooled_open = _pooled(list(sets.values()), margin, level,
-                          floor_judged(list(sets.values()), policy, stage.reach))[2] == "inconclusive"
+                          floor_judged(list(sets.values()), margin, policy,
+                                       stage.reach))[2] == "inconclusive"
     if pooled_open:
         for name in sets:
             reasons[name].insert(0, "quality.accuracy")
