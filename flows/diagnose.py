@@ -27,6 +27,7 @@ from gates.diagnosis import (
     GroupCost,
     KvHeadOffsets,
 )
+from gates.divergence import kl_upper
 from gates.policy import GatePolicy, precision_class, run_policy
 from gates.record import StageRecord
 from gates.verdict import Verdict
@@ -126,8 +127,10 @@ def diagnose_stage(
     measured = _formats(record.axes, changed, skipped)
     diagnosis = Diagnosis(
         stage=stage, parent=parent.name, failed_rules=rules, checkpoint="", skipped=skipped,
-        reference=(f"the baseline's checkpoint with the parent's ({parent.name}) axes emulated: "
-                   + ", ".join(f"{a}={parent.axes[a]}" for a in parent_axes)) if parent_axes
+        reference=(f"the baseline's unquantized checkpoint; each KL is what a group adds over "
+                   f"the parent's ({parent.name}) axes emulated ("
+                   + ", ".join(f"{a}={parent.axes[a]}" for a in parent_axes)
+                   + "): its KL less theirs alone, per token") if parent_axes
         else f"the parent's ({parent.name}) unquantized checkpoint",
         emulated={axis: record.axes[axis] for axis in measured}, threads=threads)
     if not measured or len(held) < len(parent_axes):
@@ -144,7 +147,11 @@ def diagnose_stage(
                           f"over {diagnosis.scored_tokens} scored tokens in "
                           f"{len(corpus.span_tokens)} spans, blocks of <= {block_tokens}")
 
+    own: np.ndarray | None = None  # the parent's formats alone: what every cost is over
+
     def cost(name: str, sweep: str, values: np.ndarray) -> GroupCost:
+        if own is not None:  # paired per token: what the group adds over the parent's formats
+            values = values - own
         interval = stats.block_bootstrap(values, corpus.span_tokens, block_tokens,
                                          quality.confidence, quality.bootstrap_resamples,
                                          quality.seed)
@@ -154,6 +161,14 @@ def diagnose_stage(
 
     model = sensitivity.load_model(diagnosis.checkpoint, threads)
     everything = sensitivity.Group("all", tuple(range(model.layers)))
+    # Against the unquantized model, as the divergence rule reads a stage against the baseline.
+    # Over a parent's formats every group's KL is less the parent's own, per token: a reference
+    # with the parent's formats held would charge each group for re-drawing their rounding (over
+    # W8A8's int8 activations, on the demo, any one layer's FP8 KV cost 0.031-0.035 that way,
+    # the whole cache 0.044; against the unquantized model it adds 0.008, all in K).
+    sensitivity.reference(model, corpus)
+    say(f"{stage}: reference over {corpus.tokens} tokens ({diagnosis.scored_tokens} scored), "
+        f"{time.monotonic() - started:.0f}s")
     with contextlib.ExitStack() as parent_held:
         if "weights" in held or "activations" in held:
             parent_held.enter_context(sensitivity.quantized(
@@ -161,9 +176,10 @@ def diagnose_stage(
         if "kv_cache" in held:
             parent_held.enter_context(sensitivity.kv_quantized(model, sensitivity.KvGroup(
                 "parent", everything.layers, True, True), held["kv_cache"]))
-        sensitivity.reference(model, corpus)
-        say(f"{stage}: reference over {corpus.tokens} tokens ({diagnosis.scored_tokens} scored), "
-            f"{time.monotonic() - started:.0f}s")
+        if held:  # the parent's own KL first (`own` unset), then every cost is over it
+            alone = sensitivity.kl_per_position(model, corpus)
+            diagnosis.parent_cost = cost(f"the parent's formats ({parent.name})", "parent", alone)
+            own = alone
         weights, activations = measured.get("weights"), measured.get("activations")
         if weights is not None or activations is not None:
             # The stage's format on one group at a time, the parent's on the rest (held above).
@@ -192,7 +208,7 @@ def diagnose_stage(
         if "kv_cache" in measured:
             per_layer = _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
             _kv_repairs(model, corpus, record.axes, measured["kv_cache"], per_layer, diagnosis,
-                        policy, cost, say, started)
+                        policy, parent if held else None, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)
     diagnosis.save(results_dir / stage)
     return diagnosis
@@ -322,26 +338,41 @@ def _kv(model: sensitivity.Model, corpus: sensitivity.Corpus, fmt: sensitivity.K
 
 def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict[str, str],
                 fmt: sensitivity.KvFormat, per_layer: dict[int, float], diagnosis: Diagnosis,
-                policy: GatePolicy, cost: Callable, say: Callable[[str], None],
-                started: float) -> None:
+                policy: GatePolicy, parent: StageRecord | None, cost: Callable,
+                say: Callable[[str], None], started: float) -> None:
     """The cheapest KV option whose emulated KL interval lies under its target: E4M3 for a
     failed E5M2 (the same bytes), else the fewest costliest layers (`per_layer`: K or V alone,
     whichever costs more) with their cache kept in the model dtype, what vLLM serves with
     --kv-cache-dtype-skip-layers; a bisection within each family (gates.repair.kv_families),
-    bounded by the cheapest passing option found so far, as for weights."""
+    bounded by the cheapest passing option found so far, as for weights. Over a `parent` with
+    formats of its own, the target leaves out what it already spends against the baseline as
+    served (gates.repair.target_kl)."""
+    spent = kl_upper(parent, policy) if parent is not None else 0.0
+    if spent is None:  # fail closed: what the parent spent is not known, nor what is left
+        diagnosis.repair_why = (f"the parent {parent.name} stored no per-token KL against the "
+                                "baseline: what it leaves of the divergence limit is unknown, so "
+                                "no repair is searched")
+        return
     ranking = sorted(per_layer, key=lambda layer: (-per_layer[layer], layer))
     try:
         shape = ModelShape.from_config(model.module.config.to_dict())
     except SpecError as err:  # what the what-if cannot size, no option can be priced
         diagnosis.skipped.append(f"KV repairs: {err}")
         return
-    target, why = repair.target_kl(policy, precision_class(axes))
+    target, why = repair.target_kl(policy, precision_class(axes), spent,
+                                   parent.name if parent is not None else "")
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
     diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, axes["kv_cache"])
     everything = tuple(range(model.layers))
     with sensitivity.kv_quantized(model, sensitivity.KvGroup("failed", everything, True, True), fmt):
         failed = cost("K and V all layers", "kv_all", sensitivity.kl_per_position(model, corpus))
     diagnosis.costs.append(failed)
+    if target <= 0:
+        diagnosis.repair_why = (f"the parent {parent.name} already spends the divergence limit "
+                                f"against the baseline (KL up to {spent:.4f} served): no KV "
+                                "option of this stage can pass; a cheaper change is in the "
+                                "parent's formats")
+        return
     if not _reproduced(diagnosis, failed, target):
         return
 

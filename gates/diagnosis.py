@@ -63,6 +63,9 @@ class Diagnosis(BaseModel):
     tokens: int = Field(0, description="Tokens forwarded per group.")
     scored_tokens: int = 0
     costs: list[GroupCost] = Field(default_factory=list)
+    parent_cost: GroupCost | None = Field(
+        None, description="The parent's formats alone, emulated, against the unquantized model: "
+        "where set, every cost is what a group adds over them (its KL less theirs, per token).")
     kv_offsets: list[KvHeadOffsets] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="What could not be emulated, why.")
     repair_target: float | None = Field(
@@ -120,10 +123,12 @@ def _ranges(layers: list[int]) -> str:
 
 
 def _ranked(costs: list[GroupCost], top: int) -> str:
-    total = sum(cost.mean_kl for cost in costs) or 1.0
+    """The costliest groups with their share of the summed cost (a cost over a parent's formats
+    may read below 0, noise around nothing added: it counts as 0)."""
+    total = sum(max(cost.mean_kl, 0.0) for cost in costs) or 1.0
     ranked = sorted(costs, key=lambda cost: cost.mean_kl, reverse=True)[:top]
     return ", ".join(f"{c.name} {c.mean_kl:.4f} [{c.ci_low:.4f}, {c.ci_high:.4f}] "
-                     f"({c.mean_kl / total:.0%})" for c in ranked)
+                     f"({max(c.mean_kl, 0.0) / total:.0%})" for c in ranked)
 
 
 def _separated(costs: list[GroupCost]) -> list[GroupCost]:
@@ -139,6 +144,11 @@ def _separated(costs: list[GroupCost]) -> list[GroupCost]:
 def summary(diagnosis: Diagnosis) -> list[str]:
     """Sentences for the rollback section, each with its numbers."""
     lines = []
+    if diagnosis.parent_cost is not None:
+        own = diagnosis.parent_cost
+        lines.append(f"Over {own.name}, emulated alone at KL {own.mean_kl:.4f} [{own.ci_low:.4f}, "
+                     f"{own.ci_high:.4f}] against the unquantized model: each KL below is what a "
+                     "group adds to it (its KL less the parent's, per token).")
     for sweep, what in (("all", "All groups quantized at once"),
                         ("kv_all", "The whole KV cache quantized (K and V, every layer)")):
         for whole in diagnosis.sweep(sweep):

@@ -54,6 +54,16 @@ def coarsening(top_k: int) -> str:
     return f"top-{top_k} coarsened KL, a lower bound of the full-vocabulary KL"
 
 
+def kl_upper(stage: StageRecord, policy: GatePolicy) -> float | None:
+    """The upper bound of `stage`'s KL interval against the baseline, as divergence.kl reads it
+    (0 for the baseline itself); None where the stage stored no per-token KL."""
+    if stage.parent is None:
+        return 0.0
+    tokens = stage.quality.paired_tokens if stage.quality else None
+    interval = _interval(tokens, "kl", policy) if tokens is not None else None
+    return None if interval is None else interval.high
+
+
 def divergence_checks(stage: StageRecord, policy: GatePolicy) -> list[Check]:
     """KL and top-1 agreement against the baseline, on the same token positions."""
     required = policy.divergence.required

@@ -237,7 +237,10 @@ def _repair_panel(ax, diagnosis: Diagnosis) -> None:
     if diagnosis.repair is not None:
         ax.plot([diagnosis.repair.bytes / unit], [diagnosis.repair.mean_kl], "o", ms=10,
                 mfc="none", color="#1a7f37", label="repair chosen")
-    ax.set_yscale("log")
+    if (np.array([o.ci_low for o in options]) > 0).all():  # over a parent's formats a cost
+        ax.set_yscale("log")  # is what an option adds: noise may read below 0, linear then
+    else:
+        ax.axhline(0, color="#57606a", lw=0.8)
     ax.set_xlabel("KV-cache bytes per token" if kv else "weight MiB")
     ax.set_ylabel("KL nats/token (emulated)")
     ax.set_title(f"{diagnosis.stage}: repairs, KL against bytes", fontsize=9)

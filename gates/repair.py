@@ -196,18 +196,30 @@ def families(found: list[RepairOption]) -> list[list[RepairOption]]:
     return [sorted(family, key=lambda o: o.bytes) for family in by_family.values()]
 
 
-def target_kl(policy: GatePolicy, precision: str) -> tuple[float, str]:
-    """The emulated full-vocabulary KL a repair must stay under, and why: `TARGET_SHARE` of the
-    divergence limit or of the perplexity limit read as KL (a mean log-likelihood loss of
-    ln(1 + increase) nats per token is that increase in perplexity), whichever is smaller. The
-    emulated KL is the full vocabulary's, an upper bound of the top-k KL the divergence rule reads."""
+def target_kl(policy: GatePolicy, precision: str, spent: float = 0.0,
+              parent: str = "") -> tuple[float, str]:
+    """The emulated full-vocabulary KL a repair may add, and why: `TARGET_SHARE` of the divergence
+    limit or of the perplexity limit read as KL (a mean log-likelihood loss of ln(1 + increase)
+    nats per token is that increase in perplexity), whichever is smaller. The emulated KL is the
+    full vocabulary's, an upper bound of the top-k KL the divergence rule reads.
+
+    The divergence rule reads the stage against the baseline, and the emulation measures what an
+    option adds over its parent's formats: a parent that already `spent` KL against the baseline
+    (its served interval's upper bound) leaves the option only the rest of the divergence limit.
+    A parent that spent it all leaves 0: no option of this stage can pass."""
     kl = policy.tolerance(precision).max_kl
+    room = max(kl - spent, 0.0)
     ppl = math.log1p(policy.perplexity.max_increase_vs_parent)
     share = f"{TARGET_SHARE:.0%} of "
-    if ppl < kl:
+    if ppl < room:
         return TARGET_SHARE * ppl, (
             f"{share}ln(1 + {policy.perplexity.max_increase_vs_parent:.0%}) = {ppl:.4f}, the "
             "perplexity limit vs the parent read as KL: the served stage's interval must clear it")
+    if spent > 0:
+        return TARGET_SHARE * room, (
+            f"{share}what the divergence.kl limit {kl} ({precision}) leaves after the parent "
+            f"{parent}'s own KL against the baseline (up to {spent:.4f} served): {room:.4f}; the "
+            "served stage's interval must clear the limit")
     return TARGET_SHARE * kl, (f"{share}the divergence.kl limit {kl} ({precision}): the served "
                                "stage's interval must clear it")
 

@@ -195,5 +195,66 @@ def test_an_activations_stage_is_measured_over_its_parent_s_emulated_weights(tmp
     found = diagnose_stage(tmp_path, "a8", records, GatePolicy(), ["divergence.kl"],
                            checkpoint=checkpoint, max_tokens=150)
     assert found.emulated == {"activations": "int8/token/dynamic"}
-    assert "parent's (w8) axes emulated: weights=int8/channel" in found.reference
-    assert found.sweep("all")[0].mean_kl > 0 and len(found.sweep("layer")) == 2
+    assert "over the parent's (w8) axes emulated (weights=int8/channel)" in found.reference
+    assert found.parent_cost.mean_kl > 0 and len(found.sweep("layer")) == 2
+    assert summary(found)[0].startswith("Over the parent's formats (w8), emulated alone at KL")
+
+
+def test_over_a_parent_s_formats_a_cost_is_what_the_group_adds_against_the_unquantized_model(
+        tmp_path, checkpoint):
+    """The divergence rule reads a stage against the baseline: a KV stage over int8 activations
+    is measured against the unquantized model, less the parent's own KL per token. Against a
+    reference with the parent's formats held, any change re-draws their rounding and is charged
+    for it (on the demo each single layer's FP8 cache cost 0.031-0.035 that way, the whole cache
+    0.044, where it adds 0.008)."""
+    from infra import sensitivity
+
+    a8 = {"weights": "int8/channel", "activations": "int8/token/dynamic"}
+    records = _run(tmp_path, "kv", a8 | {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    records.insert(1, record("a8", "baseline", SCORES, axes=UNQUANTIZED | a8))
+    records[2].parent = "a8"
+    found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    model = sensitivity.load_model(checkpoint, 1)
+    corpus = sensitivity.take(sensitivity.Corpus(*_corpus_of(tmp_path / "kv")), 150)
+    everything = sensitivity.Group("all", tuple(range(model.layers)))
+    sensitivity.reference(model, corpus)
+    with sensitivity.quantized(model, everything, sensitivity.parse_format("int8/channel"),
+                               sensitivity.parse_format("int8/token/dynamic")):
+        own = sensitivity.kl_per_position(model, corpus)
+        with sensitivity.kv_quantized(model, sensitivity.KvGroup("all", everything.layers, True,
+                                                                 True),
+                                      sensitivity.parse_kv("fp8_e4m3")):
+            stack = sensitivity.kl_per_position(model, corpus)
+    assert found.parent_cost.mean_kl == pytest.approx(own.mean())
+    assert found.sweep("kv_all")[0].mean_kl == pytest.approx((stack - own).mean())
+
+
+def _corpus_of(stage_dir):
+    from evalsets.token_corpus import ScoringCorpus
+
+    stored = ScoringCorpus.read(stage_dir / "quality")
+    return ([s.token_ids for s in stored.sequences],
+            [[(span.start, span.end) for span in s.spans] for s in stored.sequences])
+
+
+def test_a_kv_stage_whose_parent_spent_the_limit_gets_no_repair_search(tmp_path, checkpoint):
+    """The divergence rule reads the stage against the baseline: a parent whose own served KL
+    already reaches the limit leaves a KV option nothing to add; the diagnosis says so and
+    searches nothing. A parent that spent half of it leaves a target under half the rest."""
+    policy = _strict(1.0)
+    policy.perplexity.max_increase_vs_parent = 10.0  # the KL limit decides the target
+    a8 = {"weights": "int8/channel", "activations": "int8/token/dynamic"}
+    for spent, repaired in ((1.5, False), (0.5, True)):
+        records = _run(tmp_path, "kv", a8 | {"kv_cache": "fp8_e4m3"}, "kv_cache")
+        records.insert(1, record("a8", "baseline", SCORES, kl=spent, axes=UNQUANTIZED | a8))
+        records[2].parent = "a8"
+        found = diagnose_stage(tmp_path, "kv", records, policy, ["divergence.kl"],
+                               checkpoint=checkpoint, max_tokens=150)
+        assert found.sweep("kv_all"), "the whole cache is still measured and shown"
+        if not repaired:
+            assert found.repair_target == 0.0 and not found.repairs and found.repair is None
+            assert "parent a8 already spends the divergence limit" in found.repair_why
+        else:
+            assert 0 < found.repair_target < 0.5 * (1.0 - 0.5)
+            assert "parent a8's own KL against the baseline" in found.repair_target_why

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gates.decide import decide, repair_verdicts
 from gates.diagnosis import Diagnosis
 from gates.policy import GatePolicy
@@ -85,6 +87,20 @@ def test_the_target_is_the_tighter_of_the_kl_and_perplexity_limits():
     assert not passes(option)
     assert passes(option.model_copy(update={"ci_high": target * 0.99}))
     assert not passes(RepairOption(weights="int4/group32", bytes=1))  # not measured
+
+
+def test_the_target_leaves_out_what_the_parent_spent_against_the_baseline():
+    """The divergence rule reads the stage against the baseline; the option's emulated KL is
+    what it adds over its parent's formats: the parent's served KL comes off the limit first
+    (the demo's FP8 KV stage on AVX-512 sits on W8A8 at KL up to 0.0246 of the 0.03)."""
+    policy = GatePolicy()
+    limit = policy.tolerance("8bit").max_kl
+    target, why = target_kl(policy, "8bit", spent=0.0246, parent="activations")
+    assert target == pytest.approx(TARGET_SHARE * (limit - 0.0246))
+    assert target < target_kl(policy, "8bit")[0]
+    assert "parent activations's own KL" in why and "0.0246" in why
+    assert target_kl(policy, "8bit", spent=limit * 1.2)[0] == 0.0
+    assert target_kl(policy, "8bit", spent=0.0) == target_kl(policy, "8bit")
 
 
 def test_a_repair_stage_gets_its_own_verdict_and_never_turns_the_candidates():
