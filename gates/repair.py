@@ -217,9 +217,9 @@ def target_kl(policy: GatePolicy, precision: str, spent: float = 0.0,
             "perplexity limit vs the parent read as KL: the served stage's interval must clear it")
     if spent > 0:
         return TARGET_SHARE * room, (
-            f"{share}what the divergence.kl limit {kl} ({precision}) leaves after the parent "
-            f"{parent}'s own KL against the baseline (up to {spent:.4f} served): {room:.4f}; the "
-            "served stage's interval must clear the limit")
+            f"{share}what the divergence.kl limit {kl} ({precision}) leaves after the KL that the "
+            f"parent {parent} spends against the baseline (up to {spent:.4f} served): {room:.4f}; "
+            "the served stage's interval must clear the limit")
     return TARGET_SHARE * kl, (f"{share}the divergence.kl limit {kl} ({precision}): the served "
                                "stage's interval must clear it")
 

@@ -257,4 +257,4 @@ def test_a_kv_stage_whose_parent_spent_the_limit_gets_no_repair_search(tmp_path,
             assert "parent a8 already spends the divergence limit" in found.repair_why
         else:
             assert 0 < found.repair_target < 0.5 * (1.0 - 0.5)
-            assert "parent a8's own KL against the baseline" in found.repair_target_why
+            assert "parent a8 spends against the baseline" in found.repair_target_why
