@@ -207,6 +207,7 @@ def test_over_a_parent_s_formats_a_cost_is_what_the_group_adds_against_the_unqua
     reference with the parent's formats held, any change re-draws their rounding and is charged
     for it (on the demo each single layer's FP8 cache cost 0.031-0.035 that way, the whole cache
     0.044, where it adds 0.008)."""
+    from flows.diagnose import _corpus
     from infra import sensitivity
 
     a8 = {"weights": "int8/channel", "activations": "int8/token/dynamic"}
@@ -216,7 +217,7 @@ def test_over_a_parent_s_formats_a_cost_is_what_the_group_adds_against_the_unqua
     found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
                            checkpoint=checkpoint, max_tokens=150)
     model = sensitivity.load_model(checkpoint, 1)
-    corpus = sensitivity.take(sensitivity.Corpus(*_corpus_of(tmp_path / "kv")), 150)
+    corpus = _corpus(tmp_path / "kv", 150)  # the sample the diagnosis forwarded
     everything = sensitivity.Group("all", tuple(range(model.layers)))
     sensitivity.reference(model, corpus)
     with sensitivity.quantized(model, everything, sensitivity.parse_format("int8/channel"),
@@ -228,14 +229,6 @@ def test_over_a_parent_s_formats_a_cost_is_what_the_group_adds_against_the_unqua
             stack = sensitivity.kl_per_position(model, corpus)
     assert found.parent_cost.mean_kl == pytest.approx(own.mean())
     assert found.sweep("kv_all")[0].mean_kl == pytest.approx((stack - own).mean())
-
-
-def _corpus_of(stage_dir):
-    from evalsets.token_corpus import ScoringCorpus
-
-    stored = ScoringCorpus.read(stage_dir / "quality")
-    return ([s.token_ids for s in stored.sequences],
-            [[(span.start, span.end) for span in s.spans] for s in stored.sequences])
 
 
 def test_a_kv_stage_whose_parent_spent_the_limit_gets_no_repair_search(tmp_path, checkpoint):
