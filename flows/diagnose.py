@@ -90,15 +90,40 @@ def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
     return sensitivity.take(corpus, max_tokens)
 
 
-def _formats(axes: dict[str, str], axis_names: list[str], skipped: list[str]) -> dict[str, object]:
-    """Parsed formats of the named axes that are quantized; a reason in `skipped` for the rest."""
+def kv_rounding(results_dir: Path) -> tuple[str, str]:
+    """How the run's engine rounds K and V into an FP8 cache (EngineArgs.fp8_kv_rounding), and
+    where that was read; 'nearest' for a run that kept no inputs or whose engine no longer reads."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from flows.spec import EngineSpec
+    from gates.run_inputs import RunInputs
+
+    try:
+        kept = RunInputs.kept(results_dir)
+        engine = TypeAdapter(EngineSpec).validate_python(kept.spec["engine"]) if kept else None
+    except (QuantgateError, ValidationError, KeyError) as err:
+        return "nearest", f"nearest (the run's engine could not be read: {str(err)[:120]})"
+    if engine is None:
+        return "nearest", "nearest (the run kept no inputs to say which engine served it)"
+    rounding = engine.fp8_kv_rounding()
+    if engine.serving_device() == "external":
+        return rounding, (f"{rounding.replace('_', ' ')} (assumed: the run's external server "
+                          "does not say how it rounds)")
+    return rounding, (f"{rounding.replace('_', ' ')}, as the run's {engine.kind} engine on "
+                      f"{engine.serving_device()} stores FP8")
+
+
+def _formats(axes: dict[str, str], axis_names: list[str], skipped: list[str],
+             rounding: str = "nearest") -> dict[str, object]:
+    """Parsed formats of the named axes that are quantized (an FP8 cache rounded as the engine
+    rounds); a reason in `skipped` for the rest."""
     out: dict[str, object] = {}
     for axis in axis_names:
         value = axes.get(axis, "none")
         if value in ("none", "auto"):
             continue
         try:
-            out[axis] = (sensitivity.parse_kv(value) if axis == "kv_cache"
+            out[axis] = (sensitivity.parse_kv(value, rounding) if axis == "kv_cache"
                          else sensitivity.parse_format(value))
         except sensitivity.NotEmulated as exc:
             skipped.append(f"{axis}={value}: {exc}")
@@ -123,8 +148,10 @@ def diagnose_stage(
                    if parent.axes.get(axis) != baseline.axes.get(axis)]
     changed = [axis for axis in ("weights", "activations", "kv_cache")
                if record.axes.get(axis) != parent.axes.get(axis)]
-    held = _formats(parent.axes, parent_axes, skipped)
-    measured = _formats(record.axes, changed, skipped)
+    rounding, rounding_said = (kv_rounding(results_dir)
+                               if "kv_cache" in (*parent_axes, *changed) else ("nearest", None))
+    held = _formats(parent.axes, parent_axes, skipped, rounding)
+    measured = _formats(record.axes, changed, skipped, rounding)
     diagnosis = Diagnosis(
         stage=stage, parent=parent.name, failed_rules=rules, checkpoint="", skipped=skipped,
         reference=(f"the baseline's unquantized checkpoint; each KL is what a group adds over "
@@ -132,7 +159,8 @@ def diagnose_stage(
                    + ", ".join(f"{a}={parent.axes[a]}" for a in parent_axes)
                    + "): its KL less theirs alone, per token") if parent_axes
         else f"the parent's ({parent.name}) unquantized checkpoint",
-        emulated={axis: record.axes[axis] for axis in measured}, threads=threads)
+        emulated={axis: record.axes[axis] for axis in measured}, kv_rounding=rounding_said,
+        threads=threads)
     if not measured or len(held) < len(parent_axes):
         diagnosis.skipped.append("nothing the stage changed can be emulated here"
                                  if not measured else "the parent's formats cannot be emulated")
@@ -378,7 +406,7 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
 
     def passes(option: repair.KvRepairOption) -> bool:
         with sensitivity.kv_quantized(model, sensitivity.KvGroup("repair", everything, True, True),
-                                      sensitivity.parse_kv(option.axis)):
+                                      sensitivity.parse_kv(option.axis, fmt.rounding)):
             measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
         return _measured(diagnosis, option, measured, target, say, started)
 

