@@ -93,16 +93,15 @@ def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
 def kv_rounding(results_dir: Path) -> tuple[str, str]:
     """How the run's engine rounds K and V into an FP8 cache (EngineArgs.fp8_kv_rounding), and
     where that was read; 'nearest' for a run that kept no inputs or whose engine no longer reads."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
-    from flows.spec import EngineSpec
     from gates.run_inputs import RunInputs
 
     try:
         kept = RunInputs.kept(results_dir)
-        engine = TypeAdapter(EngineSpec).validate_python(kept.spec["engine"]) if kept else None
-    except (QuantgateError, ValidationError, KeyError) as err:
-        return "nearest", f"nearest (the run's engine could not be read: {str(err)[:120]})"
+        engine = _kept_engine(kept.spec["engine"]) if kept else None
+    except (QuantgateError, ValidationError, KeyError, TypeError) as err:
+        return "nearest", f"nearest (the run's engine could not be read: {str(err)[:160]})"
     if engine is None:
         return "nearest", "nearest (the run kept no inputs to say which engine served it)"
     rounding = engine.fp8_kv_rounding()
@@ -111,6 +110,19 @@ def kv_rounding(results_dir: Path) -> tuple[str, str]:
                           "does not say how it rounds)")
     return rounding, (f"{rounding.replace('_', ' ')}, as the run's {engine.kind} engine on "
                       f"{engine.serving_device()} stores FP8")
+
+
+def _kept_engine(stored: dict):
+    """The engine settings a run kept (every field dumped) read again as the spec gave them: a
+    field at its default counts as not given, as the kind's own checks expect (CUDA settings
+    left at their defaults on a CPU engine)."""
+    from infra.engine import engine_class
+
+    model = engine_class(stored.get("kind", "vllm")).args
+    given = {key: value for key, value in stored.items()
+             if key == "kind" or key not in model.model_fields
+             or value != model.model_fields[key].get_default(call_default_factory=True)}
+    return model.model_validate(given)
 
 
 def _formats(axes: dict[str, str], axis_names: list[str], skipped: list[str],

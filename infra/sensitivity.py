@@ -231,6 +231,14 @@ def take(corpus: Corpus, max_tokens: int, seed: int = 0) -> Corpus:
     return Corpus([corpus.sequences[i] for i in kept], [corpus.spans[i] for i in kept])
 
 
+# A group's forward starts at the first layer it quantizes, from the hidden state the base
+# forward (the model as `reference` or `kl_per_position(remember=True)` saw it) had there: the
+# layers before it compute exactly what they computed then. At most this many bytes of hidden
+# states are kept (every layer's for SmolLM2-135M over 1,024 tokens: 71 MB); past it, every
+# n-th layer's, and a group starts at the nearest kept layer below its first.
+BASE_BYTES = 1 << 30
+
+
 @dataclass
 class Model:
     """A causal LM loaded once for the sweep, with its reference log-probabilities cached."""
@@ -239,6 +247,10 @@ class Model:
     layers: int
     kv_heads: int
     reference: list = field(default_factory=list)  # per sequence: (scored, vocab) log-probs
+    # Per sequence: layer index -> the base forward's hidden state entering that layer.
+    base: list[dict] | None = None
+    base_depth: int = 0  # how many quantized contexts were held when the base was recorded
+    changes: list[int] = field(default_factory=list)  # first layer of each held context
 
 
 def load_model(checkpoint: Path | str, threads: int | None = None) -> Model:
@@ -299,13 +311,28 @@ def quantized(model: Model, group: Group, weights: TensorFormat | None,
             if activations is not None:
                 hooks.append(linear.register_forward_pre_hook(
                     lambda _, args: (fake_quantize(args[0], activations), *args[1:])))
+    touched = (weights is not None or activations is not None) and group.layers and group.kinds
     try:
-        yield
+        with _changed(model, min(group.layers) if touched else model.layers):
+            yield
     finally:
         for linear, weight in saved:
             linear.weight.data = weight
         for hook in hooks:
             hook.remove()
+
+
+@contextlib.contextmanager
+def _changed(model: Model, first: int) -> Iterator[None]:
+    """A context that changes the model from layer `first` on; leaving one that was held when
+    the base was recorded leaves the base stale, so it is dropped."""
+    model.changes.append(first)
+    try:
+        yield
+    finally:
+        model.changes.pop()
+        if len(model.changes) < model.base_depth:
+            model.base, model.base_depth = None, 0
 
 
 # The attention function reads what to do to K and V from the attention module itself.
@@ -354,39 +381,124 @@ def kv_quantized(model: Model, group: KvGroup, fmt: KvFormat) -> Iterator[None]:
     before = [getattr(attention, _KV_ATTR, None) for attention in attentions]
     for attention in attentions:
         setattr(attention, _KV_ATTR, _kv_plan(group, fmt))
+    first = min((i for i in group.layers if i not in fmt.skipped), default=model.layers)
     try:
-        yield
+        with _changed(model, first):
+            yield
     finally:  # a plan held around this one (the parent's cache format) comes back
         for attention, plan in zip(attentions, before, strict=True):
             setattr(attention, _KV_ATTR, plan)
 
 
-def _scored_logprobs(model: Model, sequence: list[int], spans: list[tuple[int, int]]):
+def _skipped(original, given):
+    """Stands in for a decoder layer before a group's first: computes nothing, and the last one
+    hands on the base forward's hidden state (`given`)."""
     import torch
 
-    with torch.no_grad():
-        logits = model.module(torch.tensor([sequence])).logits[0]
-        rows = torch.cat([torch.arange(start - 1, end - 1) for start, end in spans])
-        return torch.log_softmax(logits[rows].float(), dim=-1)
+    class Skipped(torch.nn.Module):
+        def forward(self, hidden_states, *args, **kwargs):
+            return hidden_states if given is None else given
+
+    skipped = Skipped()
+    if hasattr(original, "attention_type"):  # models that pick a mask per layer read it
+        skipped.attention_type = original.attention_type
+    return skipped
+
+
+def _kept_layers(model: Model, corpus: Corpus) -> list[int]:
+    """The layers whose entering hidden states a base keeps, within BASE_BYTES."""
+    per_layer = corpus.tokens * model.module.config.hidden_size * 4
+    stride = max(1, -(-per_layer * model.layers // BASE_BYTES))
+    return list(range(stride, model.layers, stride))
+
+
+def _first_layer(model: Model, base: dict | None, tokens: int) -> int:
+    """The layer a forward starts at: the kept layer nearest below the first one changed since
+    the base; 0 without a base (or one of another sequence), or with nothing changed."""
+    if base is None or next(iter(base.values())).shape[-2] != tokens:
+        return 0
+    first = min(model.changes[model.base_depth:], default=model.layers)
+    if first >= model.layers:
+        return 0
+    return max((layer for layer in base if layer <= first), default=0)
+
+
+def _scored_logprobs(model: Model, sequence: list[int], spans: list[tuple[int, int]],
+                     base: dict | None = None, record: dict | None = None):
+    """Log-probabilities at the scored positions: from the layer `_first_layer` picks, with
+    the hidden state `base` (this sequence's in the base forward) kept there; or, with
+    `record`, a whole forward keeping the hidden state entering each of its keys' layers."""
+    import torch
+
+    layers = model.module.model.layers
+    first = _first_layer(model, base, len(sequence))
+    saved = [layers[index] for index in range(first)]
+    hooks = [layers[index].register_forward_pre_hook(_keeper(record, index), with_kwargs=True)
+             for index in (record or {})]
+    try:
+        for index, layer in enumerate(saved):
+            layers[index] = _skipped(layer, base[first] if index == first - 1 else None)
+        with torch.no_grad():
+            logits = model.module(torch.tensor([sequence])).logits[0]
+    finally:
+        for index, layer in enumerate(saved):
+            layers[index] = layer
+        for hook in hooks:
+            hook.remove()
+    rows = torch.cat([torch.arange(start - 1, end - 1) for start, end in spans])
+    return torch.log_softmax(logits[rows].float(), dim=-1)
+
+
+def _keeper(record: dict, index: int) -> Callable:
+    def keep(_, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        record[index] = hidden.detach().clone()
+    return keep
+
+
+def _forwards(model: Model, corpus: Corpus, remember: bool) -> list:
+    """Every sequence's scored log-probabilities; with `remember`, whole forwards whose hidden
+    states become the base later forwards start from (with the formats held now)."""
+    import torch
+
+    if not remember:
+        bases = model.base if model.base and len(model.base) == len(corpus.sequences) \
+            else [None] * len(corpus.sequences)
+        return [_scored_logprobs(model, seq, spans, base)
+                for seq, spans, base in zip(corpus.sequences, corpus.spans, bases, strict=True)]
+    kept = _kept_layers(model, corpus)
+    records = [dict.fromkeys(kept) for _ in corpus.sequences]
+    outputs: list[bool] = []  # a layer that returns a tuple cannot be stood in for
+    check = model.module.model.layers[0].register_forward_hook(
+        lambda _, __, output: outputs.append(isinstance(output, torch.Tensor)))
+    model.base = None
+    try:
+        out = [_scored_logprobs(model, seq, spans, record=record)
+               for seq, spans, record in zip(corpus.sequences, corpus.spans, records, strict=True)]
+    finally:
+        check.remove()
+    if kept and all(outputs) and all(v is not None for record in records for v in record.values()):
+        model.base, model.base_depth = records, len(model.changes)
+    return out
 
 
 def reference(model: Model, corpus: Corpus) -> None:
     """The unquantized (or parent-emulated) log-probabilities every group is compared with:
-    4 bytes x vocabulary per scored position (~200 MB for 1,000 positions of a 49k vocabulary)."""
-    model.reference = [_scored_logprobs(model, seq, spans)
-                       for seq, spans in zip(corpus.sequences, corpus.spans, strict=True)]
+    4 bytes x vocabulary per scored position (~200 MB for 1,000 positions of a 49k vocabulary).
+    Its forward is also the base later groups start from."""
+    model.reference = _forwards(model, corpus, remember=True)
 
 
-def kl_per_position(model: Model, corpus: Corpus) -> np.ndarray:
+def kl_per_position(model: Model, corpus: Corpus, remember: bool = False) -> np.ndarray:
     """Full-vocabulary KL(reference || current model) in nats at every scored position, in the
-    corpus's span order (what gates.stats.block_bootstrap takes with `corpus.span_tokens`)."""
+    corpus's span order (what gates.stats.block_bootstrap takes with `corpus.span_tokens`).
+    `remember`: this forward (the formats held now) becomes the base later ones start from."""
     import torch
 
     if len(model.reference) != len(corpus.sequences):
         raise MeasurementError("diagnosis: reference log-probabilities missing; call reference()")
     out = []
-    for ref, seq, spans in zip(model.reference, corpus.sequences, corpus.spans, strict=True):
-        current = _scored_logprobs(model, seq, spans)
+    for ref, current in zip(model.reference, _forwards(model, corpus, remember), strict=True):
         out.append(torch.sum(ref.exp() * (ref - current), dim=-1).clamp(min=0).numpy())
     return np.concatenate(out).astype(float)
 

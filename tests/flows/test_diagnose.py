@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from evalsets.token_corpus import ScoredSequence, ScoringCorpus, Span  # noqa: E402
-from flows.diagnose import diagnose_stage  # noqa: E402
+from flows.diagnose import diagnose_stage, kv_rounding  # noqa: E402
 from gates.diagnosis import read_diagnosis, summary  # noqa: E402
 from gates.policy import GatePolicy  # noqa: E402
 from gates.repair import KvRepairOption  # noqa: E402
@@ -258,14 +258,16 @@ def test_an_fp8_cache_is_emulated_as_the_run_s_engine_rounds_it(tmp_path, checkp
     (EngineArgs.fp8_kv_rounding): the diagnosis reads the run's engine from its kept inputs and
     emulates that rounding; a run that kept none is emulated to nearest and says so."""
     from gates.run_inputs import RunInputs
+    from infra.vllm_args import VllmEngineSpec
     from load.profile import load_profile
 
     records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
     found = {}
     for device in (None, "cuda", "cpu"):
-        if device is not None:
-            RunInputs(spec={"engine": {"kind": "vllm", "device": device}},
-                      load_profile=load_profile("ci"), load_profile_name="ci").keep(tmp_path, {})
+        if device is not None:  # kept as a run keeps it: every field dumped, defaults included
+            engine = VllmEngineSpec(device=device).model_dump(mode="json")
+            RunInputs(spec={"engine": engine}, load_profile=load_profile("ci"),
+                      load_profile_name="ci").keep(tmp_path, {})
         found[device] = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
                                        checkpoint=checkpoint, max_tokens=150)
     assert "kept no inputs" in found[None].kv_rounding
@@ -275,3 +277,6 @@ def test_an_fp8_cache_is_emulated_as_the_run_s_engine_rounds_it(tmp_path, checkp
     assert whole[None] == pytest.approx(whole["cuda"]) and whole["cpu"] != whole["cuda"]
     assert "FP8 rounded toward zero" in " ".join(summary(found["cpu"]))
     assert read_diagnosis(tmp_path / "kv").kv_rounding == found["cpu"].kv_rounding
+    (tmp_path / "inputs" / "run.json").write_text('{"spec": {"engine": {"kind": 3}}}')
+    rounding, said = kv_rounding(tmp_path)
+    assert rounding == "nearest" and said.startswith("nearest (the run's engine could not be read")

@@ -190,3 +190,54 @@ def test_take_keeps_whole_sequences_within_the_budget():
     corpus = sensitivity.Corpus([[1] * 10] * 10, [[(1, 10)]] * 10)
     kept = sensitivity.take(corpus, 35)
     assert kept.tokens == 30 and kept.span_tokens == [9, 9, 9]
+
+
+def test_a_group_s_forward_starts_at_its_first_layer_and_reads_as_a_whole_forward(tiny):
+    """Layers before a group's first compute what the base forward did: each group's forward
+    starts there, from the hidden state kept, and its KL is the whole forward's."""
+    model, corpus = tiny
+    calls = []
+    first = model.module.model.layers[0]
+    hook = first.register_forward_hook(lambda *_: calls.append(1))
+    fmt = sensitivity.parse_format("int4/group16")
+    try:
+        kv = sensitivity.KvFormat("float8_e4m3fn", 1.0, rounding="toward_zero")
+        for context in (sensitivity.quantized(model, Group("layer 1", (1,)), fmt),
+                        sensitivity.kv_quantized(model, KvGroup("K1", (1,), True, False), kv)):
+            with context:
+                started = sensitivity.kl_per_position(model, corpus)
+                base, model.base = model.base, None
+                whole = sensitivity.kl_per_position(model, corpus)
+                model.base = base
+            assert started.mean() > 1e-4 and np.allclose(started, whole, atol=1e-6)
+            assert len(calls) == len(corpus.sequences), "layer 0 ran only in the whole forward"
+            calls.clear()
+        with sensitivity.quantized(model, Group("layer 0", (0,)), fmt):
+            sensitivity.kl_per_position(model, corpus)
+        assert len(calls) == len(corpus.sequences)
+    finally:
+        hook.remove()
+
+
+def test_a_base_recorded_under_held_formats_is_dropped_when_they_are(tiny):
+    model, corpus = tiny
+    fmt = sensitivity.parse_format("int8/channel")
+    with sensitivity.quantized(model, Group("all", (0, 1)), fmt):
+        held = sensitivity.kl_per_position(model, corpus, remember=True)
+        assert model.base is not None and model.base_depth == 1
+        with sensitivity.quantized(model, Group("layer 1", (1,)), sensitivity.parse_format(
+                "int4/group16")):
+            over = sensitivity.kl_per_position(model, corpus)
+        assert over.mean() > held.mean()
+    assert model.base is None, "the held formats are gone: their hidden states no longer hold"
+    assert sensitivity.kl_per_position(model, corpus).max() < 1e-6
+    sensitivity.reference(model, corpus)
+
+
+def test_past_the_byte_budget_every_n_th_layer_is_kept(tiny, monkeypatch):
+    model, corpus = tiny
+    per_layer = corpus.tokens * model.module.config.hidden_size * 4
+    monkeypatch.setattr(sensitivity, "BASE_BYTES", per_layer)  # one layer's worth of two
+    assert sensitivity._kept_layers(model, corpus) == []
+    monkeypatch.setattr(sensitivity, "BASE_BYTES", 2 * per_layer)
+    assert sensitivity._kept_layers(model, corpus) == [1]
