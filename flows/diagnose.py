@@ -216,8 +216,9 @@ def diagnose_stage(
         if "kv_cache" in held:
             parent_held.enter_context(sensitivity.kv_quantized(model, sensitivity.KvGroup(
                 "parent", everything.layers, True, True), held["kv_cache"]))
-        if held:  # the parent's own KL first (`own` unset), then every cost is over it
-            alone = sensitivity.kl_per_position(model, corpus)
+        if held:  # the parent's own KL first (`own` unset), then every cost is over it; its
+            # forward is the base each group's starts from (infra.sensitivity: BASE_BYTES)
+            alone = sensitivity.kl_per_position(model, corpus, remember=True)
             diagnosis.parent_cost = cost(f"the parent's formats ({parent.name})", "parent", alone)
             own = alone
         weights, activations = measured.get("weights"), measured.get("activations")

@@ -9,12 +9,16 @@ vLLM stores it: K after RoPE and V, per attention layer, through an attention fu
 with transformers. Nothing here knows of stages, verdicts or intervals: flows/diagnose.py decides
 what to measure and gates/ judges; this file returns per-position values.
 
-Cost: one forward of the corpus per group, linear in corpus tokens, groups and parameters.
-SmolLM2-135M in float32 on one thread (a 2-core box shared with other work), 1,016 tokens: load
-and reference ~15 s, then ~4-6 s per group; W4A16 g64 (1 all-at-once + 30 layers + 7 kinds +
-2 x 7 kinds in the costliest layers = 52 groups) took 351 s, FP8 KV (K / V all layers, per layer,
-per head in two layers = 74 groups) 487 s. A 7B model is ~50x the parameters: hours on a CPU, so
-shorten the corpus or group layers (`layer_group`) there.
+Cost: one forward of the corpus per group, linear in corpus tokens, groups and parameters; a
+group's forward starts at the first layer it changes, from the hidden state the base forward
+had there (the layers before compute nothing new: same result to the bit). SmolLM2-135M in
+float32 on one thread (a 2-core box shared with other work), 1,016 tokens: load and reference
+~15 s, then ~4-6 s per whole forward; W4A16 g64 (1 all-at-once + 30 layers + 7 kinds + 2 x 7
+kinds in the costliest layers = 52 groups) took 351 s, FP8 KV (K / V all layers, per layer, per
+head in two layers = 74 groups) 487 s. On 2 threads (Intel AVX-512, session 44) starting at the
+first changed layer took the demo's W4A16 diagnosis (67 forwards) from 117 s to 97 s and its
+FP8 KV one over W8A8 (80) from 173 s to 123 s. A 7B model is ~50x the parameters: hours on a
+CPU, so shorten the corpus or group layers (`layer_group`) there.
 """
 
 from __future__ import annotations
