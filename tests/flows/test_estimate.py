@@ -233,6 +233,9 @@ evalsets: [{{name: math, limit: 100}}]
     diagnosing = RunEstimate(prepared, tmp_path / "cache", set(), avx512=True,
                              on_rollback="diagnosis")
     assert diagnosing.before().endswith("; a rollback adds its diagnosis (not estimated)")
+    cached = RunEstimate(prepared, tmp_path / "cache", {"baseline", "c1"}, avx512=True)
+    assert cached.before().startswith("estimate: every stage comes from the stage cache")
+    assert cached.timings() == {}, "nothing predicted: the end says no '0 s to 0 s'"
     _timed().save(tmp_path / "cache" / "abc123")  # a baseline this host measured before
     again = RunEstimate(prepared, tmp_path / "cache", set(), avx512=None)
     assert "measured on this host before" in again.before()
