@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 from collections.abc import Callable
@@ -33,14 +34,19 @@ def spread(work: Callable[[Job], Result], jobs: list[Job]) -> list[Result]:
     workers = min(len(jobs), len(os.sched_getaffinity(0)))
     if workers <= 1:
         return [work(job) for job in jobs]
+    with forked_pool(workers) as pool:
+        return pool.map(work, jobs, chunksize=1)  # leaving the block terminates the workers
+
+
+def forked_pool(workers: int) -> multiprocessing.pool.Pool:
+    """A pool of `workers` forked processes that leave the parent's signals to it (spread's
+    docstring); use it as a context manager, which terminates the workers on leaving."""
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     try:  # the pool's own threads, which fork replacement workers, keep the blocked mask
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_leave_signals,
+        return multiprocessing.get_context("fork").Pool(workers, initializer=_leave_signals,
                                                          initargs=(mask,))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    with pool:
-        return pool.map(work, jobs, chunksize=1)  # leaving the block terminates the workers
 
 
 def _leave_signals(mask: set[signal.Signals]) -> None:

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from infra.spread import HANDLED, spread
+from infra.spread import HANDLED, _leave_signals, spread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def test_workers_are_forked_with_the_handled_signals_blocked_until_their_handler
     blocked, so none is delivered before the worker's own handlers; then they are let in."""
     script = textwrap.dedent(f"""
         import os, signal
-        from infra.spread import HANDLED, spread
+        from infra.spread import HANDLED, _leave_signals, spread
         from tests.infra.test_spread import _blocked
 
         def at_fork():
@@ -54,3 +54,26 @@ def test_workers_are_forked_with_the_handled_signals_blocked_until_their_handler
     at_fork = [set(map(int, line.split())) for line in (tmp_path / "masks").read_text().splitlines()]
     assert at_fork and all(handled <= mask for mask in at_fork), at_fork
     assert result.stdout.strip() == "[[], [], [], []] []", "let in again: workers and parent"
+
+
+def test_a_worker_dies_of_sigterm_whatever_its_forked_caller_had():
+    """A worker forked from a caller for whom SIGTERM does not end the process (ignored, or a
+    handler already stopping) would outlive the pool's terminate(), whose join then waits for
+    ever: a unit tier hung there (tools/benchmarks/decisions.py's pool), its worker blocked on
+    the task queue's lock. The initializer takes SIGTERM and SIGHUP as the default, leaves
+    Ctrl-C to the parent, and lets the signals in."""
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    try:
+        _leave_signals(mask)  # in each worker, with the mask its parent had before the fork
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)

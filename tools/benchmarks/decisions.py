@@ -15,15 +15,14 @@ trials.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import signal
 from dataclasses import replace
 from pathlib import Path
 
 from gates.policy import GatePolicy, load_policy
 from gates.simulate import DEMO_SETS, SetShape, Step
 from gates.trials import Scenario, p_go, trial, wilson
+from infra.spread import forked_pool
 
 __all__ = ["Scenario", "main", "p_go", "scenarios", "trial", "wilson"]
 
@@ -145,13 +144,6 @@ def meets(scenario: Scenario, rate: float) -> str:
     return "" if scenario.expect not in target else "ok" if target[scenario.expect] else "MISS"
 
 
-def _default_sigterm() -> None:
-    """A pool worker dies of the SIGTERM the pool ends it with, whatever handler the forked caller
-    had (a test session's, or a run's that is already stopping would keep it, and the pool's join
-    would wait for ever)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -173,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(scenario, max(args.trials, args.near_target_trials) if scenario.near_target
              else args.trials) for scenario in scenarios(policy)
             if not args.only or args.only in scenario.label]
-    with multiprocessing.get_context("fork").Pool(args.jobs, initializer=_default_sigterm) as pool:
+    with forked_pool(args.jobs) as pool:
         results = pool.imap(_row, [(scenario, policy, trials, args.seed)
                                    for scenario, trials in rows])
         for (scenario, trials), (rate, blocking) in zip(rows, results, strict=True):

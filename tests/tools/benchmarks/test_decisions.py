@@ -149,22 +149,6 @@ def test_the_script_prints_the_table(capsys):
     assert "P(go)" in out and "pooled drop 16% (2x margin)" in out and "95 % CI" in out
 
 
-def test_a_pool_worker_dies_of_sigterm_whatever_its_forked_caller_had():
-    import signal
-
-    from tools.benchmarks.decisions import _default_sigterm
-
-    # A worker forked from a caller for whom SIGTERM does not end the process (ignored, or a
-    # handler already stopping) would outlive the pool's terminate(), whose join then waits for
-    # ever: a unit tier hung there, its worker blocked on the task queue's lock.
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        _default_sigterm()  # the pool's initializer, in each worker
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def test_an_equivalent_stage_with_many_answers_cut_at_the_budget_goes():
     """40 % of the answers cut on both sides: a small set's share crosses the 50 % cap every
     other run by chance, which left the pooled ratio unbounded (68 % go in 400 trials); the cap
