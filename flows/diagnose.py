@@ -100,7 +100,7 @@ def kv_rounding(results_dir: Path) -> tuple[str, str]:
     try:
         kept = RunInputs.kept(results_dir)
         engine = _kept_engine(kept.spec["engine"]) if kept else None
-    except (QuantgateError, ValidationError, KeyError, TypeError) as err:
+    except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError) as err:
         return "nearest", f"nearest (the run's engine could not be read: {str(err)[:160]})"
     if engine is None:
         return "nearest", "nearest (the run kept no inputs to say which engine served it)"
