@@ -24,6 +24,7 @@ CPU, so shorten the corpus or group layers (`layer_group`) there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -380,30 +381,39 @@ def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
 @contextlib.contextmanager
 def kv_quantized(model: Model, group: KvGroup, fmt: KvFormat) -> Iterator[None]:
     """The group's K and/or V through `fmt`, but on the layers `fmt` skips."""
-    attentions = [model.module.model.layers[i].self_attn for i in group.layers
-                  if i not in fmt.skipped]
+    quantized_layers = [i for i in group.layers if i not in fmt.skipped]
+    attentions = [model.module.model.layers[i].self_attn for i in quantized_layers]
     before = [getattr(attention, _KV_ATTR, None) for attention in attentions]
     for attention in attentions:
         setattr(attention, _KV_ATTR, _kv_plan(group, fmt))
-    first = min((i for i in group.layers if i not in fmt.skipped), default=model.layers)
     try:
-        with _changed(model, first):
+        with _changed(model, min(quantized_layers, default=model.layers)):
             yield
     finally:  # a plan held around this one (the parent's cache format) comes back
         for attention, plan in zip(attentions, before, strict=True):
             setattr(attention, _KV_ATTR, plan)
 
 
-def _skipped(original, given):
-    """Stands in for a decoder layer before a group's first: computes nothing, and the last one
-    hands on the base forward's hidden state (`given`)."""
+@functools.cache
+def _skipped_layer() -> type:
+    """The module that stands in for a decoder layer before a group's first (made once)."""
     import torch
 
     class Skipped(torch.nn.Module):
-        def forward(self, hidden_states, *args, **kwargs):
-            return hidden_states if given is None else given
+        def __init__(self, given) -> None:
+            super().__init__()
+            self.given = given
 
-    skipped = Skipped()
+        def forward(self, hidden_states, *args, **kwargs):
+            return hidden_states if self.given is None else self.given
+
+    return Skipped
+
+
+def _skipped(original, given):
+    """Stands in for a decoder layer before a group's first: computes nothing, and the last one
+    hands on the base forward's hidden state (`given`)."""
+    skipped = _skipped_layer()(given)
     if hasattr(original, "attention_type"):  # models that pick a mask per layer read it
         skipped.attention_type = original.attention_type
     return skipped
