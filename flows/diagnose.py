@@ -24,12 +24,16 @@ from gates.diagnosis import (
     BIAS_RATIO,
     DIAGNOSED_RULES,
     Diagnosis,
+    Fidelity,
     GroupCost,
     KvHeadOffsets,
+    calibration,
+    served_added,
 )
 from gates.divergence import kl_upper
 from gates.policy import GatePolicy, precision_class, run_policy
 from gates.record import StageRecord
+from gates.token_pairs import position_kl
 from gates.verdict import Verdict
 from gates.whatif.shape import ModelShape
 from infra import sensitivity
@@ -86,7 +90,8 @@ def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
                                "(scoring_corpus.json): the stage scored no divergence corpus")
     corpus = sensitivity.Corpus([s.token_ids for s in stored.sequences],
                                 [[(span.start, span.end) for span in s.spans]
-                                 for s in stored.sequences])
+                                 for s in stored.sequences],
+                                [[span.name for span in s.spans] for s in stored.sequences])
     return sensitivity.take(corpus, max_tokens)
 
 
@@ -188,16 +193,40 @@ def diagnose_stage(
                           f"{len(corpus.span_tokens)} spans, blocks of <= {block_tokens}")
 
     own: np.ndarray | None = None  # the parent's formats alone: what every cost is over
+    try:  # what the engine's stage added on these tokens, to hold the emulation against
+        served = served_added(record, parent, corpus.span_names, corpus.span_tokens)
+    except MeasurementError as err:
+        served = None
+        diagnosis.skipped.append(f"served against emulated: {err}")
+    coarse_own: np.ndarray | float = 0.0  # the parent's formats alone, coarsened as served
+
+    def bounded(name: str, sweep: str, values: np.ndarray) -> GroupCost:
+        interval = stats.block_bootstrap(values, corpus.span_tokens, block_tokens,
+                                         quality.confidence, quality.bootstrap_resamples,
+                                         quality.seed)
+        return GroupCost(name=name, sweep=sweep, mean_kl=interval.estimate, ci_low=interval.low,
+                         ci_high=interval.high)
 
     def cost(name: str, sweep: str, values: np.ndarray) -> GroupCost:
         if own is not None:  # paired per token: what the group adds over the parent's formats
             values = values - own
-        interval = stats.block_bootstrap(values, corpus.span_tokens, block_tokens,
-                                         quality.confidence, quality.bootstrap_resamples,
-                                         quality.seed)
         diagnosis.forwards += 1
-        return GroupCost(name=name, sweep=sweep, mean_kl=interval.estimate, ci_low=interval.low,
-                         ci_high=interval.high)
+        return bounded(name, sweep, values)
+
+    def failed_config(name: str, sweep: str, current: list) -> np.ndarray:
+        """The failed configuration's forward: its cost, and held against the served stage."""
+        values = sensitivity.kl_to_reference(model, current)
+        diagnosis.costs.append(cost(name, sweep, values))
+        if served is not None:
+            top_k, added, corpus_mean, corpus_tokens = served
+            measured = bounded("served", "served", added)
+            emulated = bounded("emulated", "served",
+                               _coarsened(model, current, top_k) - coarse_own)
+            diagnosis.fidelity = Fidelity(
+                top_k=top_k, tokens=added.size, served=measured, emulated=emulated,
+                served_corpus=corpus_mean, corpus_tokens=corpus_tokens,
+                calibration=calibration(measured, emulated))
+        return values
 
     model = sensitivity.load_model(diagnosis.checkpoint, threads)
     everything = sensitivity.Group("all", tuple(range(model.layers)))
@@ -218,7 +247,10 @@ def diagnose_stage(
                 "parent", everything.layers, True, True), held["kv_cache"]))
         if held:  # the parent's own KL first (`own` unset), then every cost is over it; its
             # forward is the base each group's starts from (infra.sensitivity: BASE_BYTES)
-            alone = sensitivity.kl_per_position(model, corpus, remember=True)
+            current = sensitivity.log_probs(model, corpus, remember=True)
+            alone = sensitivity.kl_to_reference(model, current)
+            if served is not None:
+                coarse_own = _coarsened(model, current, served[0])
             diagnosis.parent_cost = cost(f"the parent's formats ({parent.name})", "parent", alone)
             own = alone
         weights, activations = measured.get("weights"), measured.get("activations")
@@ -226,10 +258,13 @@ def diagnose_stage(
             # The stage's format on one group at a time, the parent's on the rest (held above).
             for group in [everything, *sensitivity.sweep_groups(model.layers, layer_group)]:
                 with sensitivity.quantized(model, group, weights, activations):
-                    values = sensitivity.kl_per_position(model, corpus)
-                sweep = ("all" if group is everything else
-                         "module" if len(group.kinds) == 1 else "layer")
-                diagnosis.costs.append(cost(group.name, sweep, values))
+                    current = sensitivity.log_probs(model, corpus)
+                if group is everything:
+                    values = failed_config(group.name, "all", current)
+                else:
+                    values = sensitivity.kl_to_reference(model, current)
+                    diagnosis.costs.append(cost(
+                        group.name, "module" if len(group.kinds) == 1 else "layer", values))
                 say(f"{stage}: {group.name}: KL {values.mean():.4f} "
                     f"({time.monotonic() - started:.0f}s)")
             # Which module carries the costliest layer groups' loss: what a mixed-precision
@@ -248,6 +283,9 @@ def diagnose_stage(
                          policy, cost, say, started)
         if "kv_cache" in measured:
             per_layer = _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
+            with sensitivity.kv_quantized(model, sensitivity.KvGroup(
+                    "failed", everything.layers, True, True), measured["kv_cache"]):
+                failed_config("K and V all layers", "kv_all", sensitivity.log_probs(model, corpus))
             _kv_repairs(model, corpus, record.axes, measured["kv_cache"], per_layer, diagnosis,
                         policy, parent if held else None, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)
@@ -268,7 +306,8 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
                                     reverse=True) for layer in groups[c.name]]
     kinds = [c.name for c in sorted(diagnosis.sweep("module"), key=lambda c: c.mean_kl,
                                     reverse=True)]
-    target, why = repair.target_kl(policy, precision_class({"weights": failed}))
+    target, why = _calibrated(diagnosis, *repair.target_kl(policy,
+                                                           precision_class({"weights": failed})))
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
     diagnosis.weight_bytes = repair.weight_bytes(params, repair.RepairOption(weights=failed,
                                                                              bytes=0))
@@ -289,7 +328,8 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
                 held.enter_context(sensitivity.quantized(
                     model, kept, sensitivity.parse_format(option.kept_as)))
             measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
-        target = repair.target_kl(policy, precision_class({"weights": option.weights}))[0]
+        target = _calibrated(diagnosis, *repair.target_kl(
+            policy, precision_class({"weights": option.weights})))[0]
         return _measured(diagnosis, option, measured, target, say, started)
 
     best: repair.RepairOption | None = None
@@ -299,6 +339,25 @@ def _repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, failed: str,
         best = _cheapest_passing([o for o in family if best is None or o.bytes < best.bytes],
                                  passes) or best
     diagnosis.repair, diagnosis.repair_why = repair.chosen(diagnosis.repairs)
+
+
+def _coarsened(model: sensitivity.Model, current: list, top_k: int) -> np.ndarray:
+    """Per scored position, KL(reference || current) as the gates read a served stage: over
+    each side's `top_k` listed alternatives and a rest bucket (gates.token_pairs.position_kl)."""
+    return np.array([position_kl(reference, now, top_k) for reference, now in zip(
+        sensitivity.listed(model.reference, top_k), sensitivity.listed(current, top_k),
+        strict=True)])
+
+
+def _calibrated(diagnosis: Diagnosis, target: float, why: str) -> tuple[float, str]:
+    """A repair target divided by what the engine provably lost over the emulation on the
+    diagnosis's tokens (gates.diagnosis.calibration), said in its reason."""
+    fidelity = diagnosis.fidelity
+    if fidelity is None or fidelity.calibration <= 1:
+        return target, why
+    return (target / fidelity.calibration,
+            f"{why}; divided by {fidelity.calibration:.2f}, what the engine lost over the "
+            "emulation on these tokens")
 
 
 def _reproduced(diagnosis: Diagnosis, failed: GroupCost, target: float) -> bool:
@@ -400,14 +459,12 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
     except SpecError as err:  # what the what-if cannot size, no option can be priced
         diagnosis.skipped.append(f"KV repairs: {err}")
         return
-    target, why = repair.target_kl(policy, precision_class(axes), spent,
-                                   parent.name if parent is not None else "")
+    target, why = _calibrated(diagnosis, *repair.target_kl(
+        policy, precision_class(axes), spent, parent.name if parent is not None else ""))
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
     diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, axes["kv_cache"])
     everything = tuple(range(model.layers))
-    with sensitivity.kv_quantized(model, sensitivity.KvGroup("failed", everything, True, True), fmt):
-        failed = cost("K and V all layers", "kv_all", sensitivity.kl_per_position(model, corpus))
-    diagnosis.costs.append(failed)
+    (failed,) = diagnosis.sweep("kv_all")
     if target <= 0:
         diagnosis.repair_why = (f"the parent {parent.name} already spends the divergence limit "
                                 f"against the baseline (KL up to {spent:.4f} served): no KV "

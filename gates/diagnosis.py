@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
+from gates.record import StageRecord
 from gates.repair import KvRepairOption, RepairOption, passes
+from infra.errors import MeasurementError
 from infra.stored import StoredRecordError
 
 FILE = "diagnosis.json"
@@ -48,6 +51,83 @@ class KvHeadOffsets(BaseModel):
     v_offset_energy: float
 
 
+class Fidelity(BaseModel):
+    """The failed configuration as the engine served it against its emulation, on the same scored
+    tokens and with the gates' estimator (top-k coarsened KL, gates.token_pairs): whether the
+    emulation reproduces what the engine lost. The whole corpus's served figure against a
+    full-vocabulary emulation on a sample compares two estimators on two sets of tokens; on the
+    demo's FP8 cache the two differences offset each other (served 1.4x emulated either way)."""
+
+    top_k: int = Field(description="Alternatives the engine listed per position.")
+    tokens: int = Field(description="Scored positions compared: the diagnosis's sample.")
+    served: GroupCost = Field(description="The served stage's KL less its parent's, per token.")
+    emulated: GroupCost = Field(description="The failed configuration emulated, its KL less the "
+                                "parent's formats' alone, coarsened as the gates read the engine.")
+    served_corpus: float = Field(description="The served figure over the whole scoring corpus.")
+    corpus_tokens: int
+    calibration: float = Field(1.0, description="What the repair target is divided by: served / "
+                               "emulated where the served interval lies above the emulated one "
+                               "(the emulation under-reads the engine), else 1.")
+
+
+def served_added(stage: StageRecord, parent: StageRecord, spans: list[str],
+                 span_tokens: list[int]) -> tuple[int, np.ndarray, float, int]:
+    """What the served `stage` added to its parent's KL against the baseline, per position of
+    the named corpus spans (in their order), as the gates read it: (top_k, values, the mean over
+    the whole corpus, its positions). MeasurementError names what was not stored or does not match."""
+    tokens = stage.quality.paired_tokens if stage.quality else None
+    if tokens is None or tokens.kl is None:
+        raise MeasurementError(f"the served stage {stage.name} stored no per-token KL")
+    own = None
+    if parent.parent is not None:  # the baseline's own KL against itself is 0
+        own = parent.quality.paired_tokens if parent.quality else None
+        if own is None or own.kl is None or own.spans != tokens.spans \
+                or own.span_tokens != tokens.span_tokens:
+            raise MeasurementError(f"the parent {parent.name} stored no per-token KL on the "
+                                   f"stage's corpus positions")
+    added = tokens.values("kl") - (own.values("kl") if own is not None else 0.0)
+    starts = np.concatenate([[0], np.cumsum(tokens.span_tokens)])
+    where = {name: index for index, name in enumerate(tokens.spans)}
+    picked = []
+    for name, count in zip(spans, span_tokens, strict=True):
+        index = where.get(name)
+        if index is None or tokens.span_tokens[index] != count:
+            raise MeasurementError(f"the served stage {stage.name} scored span {name!r} "
+                                   + ("not at all" if index is None else
+                                      f"over {tokens.span_tokens[index]} positions, not {count}"))
+        picked.append(added[starts[index]:starts[index + 1]])
+    return tokens.top_k, np.concatenate(picked), float(added.mean()), int(added.size)
+
+
+def calibration(served: GroupCost, emulated: GroupCost) -> float:
+    """served / emulated where the served interval lies wholly above the emulated one: the
+    engine provably loses more than the emulation shows, so each option's emulated KL is read
+    against a target that much lower. Else 1: an emulation that reads as much or more keeps its
+    target (ranking by it is then conservative)."""
+    if served.ci_low > emulated.ci_high and emulated.mean_kl > 0:
+        return served.mean_kl / emulated.mean_kl
+    return 1.0
+
+
+def fidelity_line(fidelity: Fidelity) -> str:
+    served, emulated = fidelity.served, fidelity.emulated
+    ratio = (f"{served.mean_kl / emulated.mean_kl:.2f}x the emulation's" if emulated.mean_kl > 0
+             else "more than the emulation's")
+    verdict = (f"the engine loses {ratio}, beyond both intervals, so the repair target is "
+               f"divided by {fidelity.calibration:.2f}" if fidelity.calibration > 1 else
+               f"the engine's loss reads {ratio} but the intervals overlap: these tokens cannot "
+               "tell them apart, and the target stands"
+               if served.ci_low <= emulated.ci_high and emulated.ci_low <= served.ci_high else
+               f"the engine loses {ratio}, less than the emulation shows: ranking by it is "
+               "conservative")
+    return (f"As served, on the same {fidelity.tokens:,} scored tokens, the stage added KL "
+            f"{served.mean_kl:.4f} [{served.ci_low:.4f}, {served.ci_high:.4f}] to its parent's "
+            f"(top-{fidelity.top_k} coarsened, as divergence.kl reads the engine; "
+            f"{fidelity.served_corpus:.4f} over the whole corpus of {fidelity.corpus_tokens:,}); "
+            f"emulated and coarsened alike, {emulated.mean_kl:.4f} [{emulated.ci_low:.4f}, "
+            f"{emulated.ci_high:.4f}]: {verdict}.")
+
+
 class Diagnosis(BaseModel):
     schema_version: int = SCHEMA_VERSION
     stage: str
@@ -70,6 +150,8 @@ class Diagnosis(BaseModel):
         None, description="The parent's formats alone, emulated, against the unquantized model: "
         "where set, every cost is what a group adds over them (its KL less theirs, per token).")
     kv_offsets: list[KvHeadOffsets] = Field(default_factory=list)
+    fidelity: Fidelity | None = Field(
+        None, description="The failed configuration served against emulated, on these tokens.")
     skipped: list[str] = Field(default_factory=list, description="What could not be emulated, why.")
     repair_target: float | None = Field(
         None, description="The emulated KL a repair must stay under (gates.repair.target_kl).")
@@ -159,6 +241,8 @@ def summary(diagnosis: Diagnosis) -> list[str]:
                        if sweep == "kv_all" and diagnosis.kv_rounding else "")
             lines.append(f"{what}: KL {whole.mean_kl:.4f} [{whole.ci_low:.4f}, "
                          f"{whole.ci_high:.4f}] nats/token (full vocabulary{rounded}).")
+    if diagnosis.fidelity is not None:
+        lines.append(fidelity_line(diagnosis.fidelity))
     layers, modules = diagnosis.sweep("layer"), diagnosis.sweep("module")
     if layers:
         lines.append(f"Per layer group (share of the summed per-group KL): {_ranked(layers, 5)}.")

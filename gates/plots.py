@@ -166,6 +166,8 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
             panels.append("offsets")
         if diagnosis.repairs:
             panels.append("repair")
+        if diagnosis.fidelity is not None:
+            panels.append("fidelity")
         if panels:
             rows.append((diagnosis, panels))
     if not rows:
@@ -185,6 +187,8 @@ def sensitivity(diagnoses: list[Diagnosis], path: Path) -> Path | None:
                 _offsets_panel(ax, diagnosis)
             elif panel == "repair":
                 _repair_panel(ax, diagnosis)
+            elif panel == "fidelity":
+                _fidelity_panel(ax, diagnosis)
             elif panel == "kv_layer":
                 _kv_panel(ax, diagnosis)
             else:
@@ -245,6 +249,17 @@ def _repair_panel(ax, diagnosis: Diagnosis) -> None:
     ax.set_ylabel("KL nats/token (emulated)")
     ax.set_title(f"{diagnosis.stage}: repairs, KL against bytes", fontsize=9)
     ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+
+
+def _fidelity_panel(ax, diagnosis: Diagnosis) -> None:
+    """The failed configuration as served and as emulated, on the same tokens and estimator."""
+    fidelity = diagnosis.fidelity
+    _bars(ax, ["served (engine)", "emulated"], [fidelity.served, fidelity.emulated], 0.0,
+          "#8250df", width=0.5)
+    ax.axhline(0, color="#57606a", lw=0.8)
+    ax.set_title(f"{diagnosis.stage}: KL added over {diagnosis.parent}, served vs emulated\n"
+                 f"(the same {fidelity.tokens:,} tokens, top-{fidelity.top_k} coarsened)",
+                 fontsize=9)
 
 
 def _kv_panel(ax, diagnosis: Diagnosis) -> None:

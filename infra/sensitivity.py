@@ -211,10 +211,15 @@ class Corpus:
 
     sequences: list[list[int]]
     spans: list[list[tuple[int, int]]]
+    names: list[list[str]] = field(default_factory=list)  # per sequence, its spans' names
 
     @property
     def span_tokens(self) -> list[int]:
         return [end - start for spans in self.spans for start, end in spans]
+
+    @property
+    def span_names(self) -> list[str]:
+        return [name for names in self.names for name in names]
 
     @property
     def tokens(self) -> int:
@@ -233,7 +238,8 @@ def take(corpus: Corpus, max_tokens: int, seed: int = 0) -> Corpus:
         kept.append(int(index))
         total += size
     kept.sort()
-    return Corpus([corpus.sequences[i] for i in kept], [corpus.spans[i] for i in kept])
+    return Corpus([corpus.sequences[i] for i in kept], [corpus.spans[i] for i in kept],
+                  [corpus.names[i] for i in kept] if corpus.names else [])
 
 
 # A group's forward starts at the first layer it quantizes, from the hidden state the base
@@ -503,18 +509,40 @@ def reference(model: Model, corpus: Corpus) -> None:
     model.reference = _forwards(model, corpus, remember=True)
 
 
-def kl_per_position(model: Model, corpus: Corpus, remember: bool = False) -> np.ndarray:
-    """Full-vocabulary KL(reference || current model) in nats at every scored position, in the
-    corpus's span order (what gates.stats.block_bootstrap takes with `corpus.span_tokens`).
-    `remember`: this forward (the formats held now) becomes the base later ones start from."""
-    import torch
-
+def log_probs(model: Model, corpus: Corpus, remember: bool = False) -> list:
+    """The current model's log-probabilities at every scored position: per sequence, a
+    (scored, vocabulary) tensor in its spans' order. `remember`: this forward (the formats held
+    now) becomes the base later ones start from."""
     if len(model.reference) != len(corpus.sequences):
         raise MeasurementError("diagnosis: reference log-probabilities missing; call reference()")
+    return _forwards(model, corpus, remember)
+
+
+def kl_to_reference(model: Model, current: list) -> np.ndarray:
+    """Full-vocabulary KL(reference || current) in nats at every scored position, in the
+    corpus's span order (what gates.stats.block_bootstrap takes with `corpus.span_tokens`)."""
+    import torch
+
+    return np.concatenate([torch.sum(ref.exp() * (ref - now), dim=-1).clamp(min=0).numpy()
+                           for ref, now in zip(model.reference, current, strict=True)]).astype(float)
+
+
+def kl_per_position(model: Model, corpus: Corpus, remember: bool = False) -> np.ndarray:
+    """kl_to_reference of the current model's log_probs."""
+    return kl_to_reference(model, log_probs(model, corpus, remember))
+
+
+def listed(current: list, top_k: int) -> list[dict[int, float]]:
+    """Each scored position's `top_k` likeliest token ids with their log-probabilities, in the
+    corpus's span order: what an engine lists when asked for `top_k` logprobs."""
+    import torch
+
     out = []
-    for ref, current in zip(model.reference, _forwards(model, corpus, remember), strict=True):
-        out.append(torch.sum(ref.exp() * (ref - current), dim=-1).clamp(min=0).numpy())
-    return np.concatenate(out).astype(float)
+    for logprobs in current:
+        values, ids = torch.topk(logprobs, top_k, dim=-1)
+        out += [dict(zip(row_ids, row_values, strict=True))
+                for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)]
+    return out
 
 
 @dataclass

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from evalsets.token_corpus import ScoredSequence, ScoringCorpus, Span  # noqa: E402
-from flows.diagnose import diagnose_stage, kv_rounding  # noqa: E402
+from flows.diagnose import _corpus, diagnose_stage, kv_rounding  # noqa: E402
 from gates.diagnosis import read_diagnosis, summary  # noqa: E402
 from gates.policy import GatePolicy  # noqa: E402
 from gates.repair import KvRepairOption  # noqa: E402
@@ -207,7 +207,6 @@ def test_over_a_parent_s_formats_a_cost_is_what_the_group_adds_against_the_unqua
     reference with the parent's formats held, any change re-draws their rounding and is charged
     for it (on the demo each single layer's FP8 cache cost 0.031-0.035 that way, the whole cache
     0.044, where it adds 0.008)."""
-    from flows.diagnose import _corpus
     from infra import sensitivity
 
     a8 = {"weights": "int8/channel", "activations": "int8/token/dynamic"}
@@ -280,3 +279,70 @@ def test_an_fp8_cache_is_emulated_as_the_run_s_engine_rounds_it(tmp_path, checkp
     (tmp_path / "inputs" / "run.json").write_text('{"spec": {"engine": {"kind": 3}}}')
     rounding, said = kv_rounding(tmp_path)
     assert rounding == "nearest" and said.startswith("nearest (the run's engine could not be read")
+
+
+def _served(records, kl_per_span: list[float], top_k: int = 20, extra: float = 0.0) -> None:
+    """The stage served the test corpus (four 69-position spans, text0-text3) with the given
+    KL at every position of each span, and a fifth span the diagnosis never samples."""
+    from evalsets.results import PairedTokens
+
+    values = np.concatenate([np.full(69, kl) for kl in kl_per_span] + [np.full(31, extra)])
+    records[-1].quality.paired_tokens = PairedTokens.from_values(
+        top_k, [(f"text{i}", 69) for i in range(4)] + [("prose", 31)], kl=values,
+        top1_agree=np.ones(values.size), nll_diff_vs_baseline=np.zeros(values.size))
+
+
+def test_the_served_stage_is_held_against_its_emulation_on_the_same_tokens(tmp_path, checkpoint):
+    """The engine's stage is read on the positions the diagnosis forwarded, not the whole
+    corpus, and the emulation is coarsened as the gates read the engine: listing every token of
+    the tiny model's 96, the coarsened KL is the full-vocabulary one; listing 5, less."""
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")
+    _served(records, [0.01, 0.02, 0.03, 0.04], top_k=96, extra=1.0)
+    found = diagnose_stage(tmp_path, "w4", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=200)
+    fidelity = found.fidelity
+    corpus = _corpus(tmp_path / "w4", 200)  # the two texts sampled
+    sampled = [0.01 * (1 + int(name[4:])) for name in corpus.span_names]
+    assert fidelity.tokens == 138 == found.scored_tokens and fidelity.top_k == 96
+    assert fidelity.served.mean_kl == pytest.approx(np.mean(sampled))
+    assert fidelity.served_corpus == pytest.approx((69 * 0.1 + 31) / (4 * 69 + 31))
+    assert fidelity.emulated.mean_kl == pytest.approx(found.sweep("all")[0].mean_kl, rel=1e-4)
+    assert any(line.startswith("As served, on the same 138 scored tokens") for line in summary(found))
+
+    _served(records, [0.01, 0.02, 0.03, 0.04], top_k=5)
+    listed = diagnose_stage(tmp_path, "w4", records, GatePolicy(), ["divergence.kl"],
+                            checkpoint=checkpoint, max_tokens=200).fidelity
+    assert 0 < listed.emulated.mean_kl < fidelity.emulated.mean_kl
+
+
+def test_an_engine_that_loses_more_than_its_emulation_tightens_the_repair_target(
+        tmp_path, checkpoint):
+    """Served over an int8 parent, the stage's KL less the parent's per position is what it
+    added; where that interval lies wholly above the emulated one, the target is divided by the
+    ratio; where the engine loses less, the target stands."""
+    a8 = {"weights": "int8/channel", "activations": "int8/token/dynamic"}
+    targets = {}
+    for added in (0.0, 3.0):
+        records = _run(tmp_path, "kv", a8 | {"kv_cache": "fp8_e4m3"}, "kv_cache")
+        records.insert(1, record("a8", "baseline", SCORES, axes=UNQUANTIZED | a8))
+        records[2].parent = "a8"
+        _served(records[:2], [0.5] * 4)  # the parent's own KL against the baseline
+        _served(records, [0.5 + added] * 4)
+        found = diagnose_stage(tmp_path, "kv", records, _strict(10.0), ["divergence.kl"],
+                               checkpoint=checkpoint, max_tokens=150)
+        assert found.fidelity.served.mean_kl == pytest.approx(added, abs=1e-6)
+        targets[added] = found.repair_target, found.fidelity, " ".join(summary(found))
+    (loose, even, said_even), (tight, lossy, said_lossy) = targets[0.0], targets[3.0]
+    assert even.calibration == 1.0 and "divided" not in said_even
+    assert lossy.calibration == pytest.approx(3.0 / lossy.emulated.mean_kl)
+    assert tight == pytest.approx(loose / lossy.calibration)
+    assert "the repair target is divided by" in said_lossy
+
+
+def test_a_served_stage_scored_on_other_positions_is_said_not_compared(tmp_path, checkpoint):
+    records = _run(tmp_path, "w4", {"weights": "int4/group16"}, "weights")  # 100 a text served
+    found = diagnose_stage(tmp_path, "w4", records, GatePolicy(), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=200)
+    assert found.fidelity is None
+    assert any(reason.startswith("served against emulated: the served stage w4 scored span")
+               and "over 100 positions, not 69" in reason for reason in found.skipped)

@@ -150,3 +150,36 @@ def test_report_shows_a_kv_repair_in_kv_bytes_per_token_with_its_chart(tmp_path)
     assert "The whole KV cache quantized (K and V, every layer): KL 0.0520" in md
     assert "layers 0: KL 0.0300 [0.0270, 0.0330], +12.5% KV bytes" in md
     assert paths["sensitivity"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_served_added_reads_the_named_spans_less_the_parent_s_kl_and_refuses_a_mismatch():
+    import numpy as np
+
+    from evalsets.results import PairedTokens
+    from gates.diagnosis import served_added
+    from infra.errors import MeasurementError
+    from tests.gates.records import record
+
+    def tokens(per_span: dict[str, tuple[int, float]]) -> PairedTokens:
+        values = np.concatenate([np.full(n, kl) for n, kl in per_span.values()])
+        return PairedTokens.from_values(20, [(name, n) for name, (n, _) in per_span.items()],
+                                        kl=values, top1_agree=np.ones(values.size),
+                                        nll_diff_vs_baseline=np.zeros(values.size))
+
+    base, parent, stage = (record("baseline", None, [1.0]), record("a8", "baseline", [1.0]),
+                           record("kv", "a8", [1.0]))
+    parent.quality.paired_tokens = tokens({"a": (2, 0.1), "b": (3, 0.2), "c": (5, 0.3)})
+    stage.quality.paired_tokens = tokens({"a": (2, 0.5), "b": (3, 0.2), "c": (5, 0.4)})
+    top_k, values, whole, count = served_added(stage, parent, ["c", "a"], [5, 2])
+    assert top_k == 20 and count == 10
+    assert values.tolist() == pytest.approx([0.1] * 5 + [0.4] * 2)
+    assert whole == pytest.approx((2 * 0.4 + 5 * 0.1) / 10)
+    over_baseline = served_added(stage, base, ["b"], [3])[1]
+    assert over_baseline.tolist() == pytest.approx([0.2] * 3)
+    for spans, counts, says in ((["d"], [1], "scored span 'd' not at all"),
+                                (["a"], [3], "over 2 positions, not 3")):
+        with pytest.raises(MeasurementError, match=says):
+            served_added(stage, parent, spans, counts)
+    parent.quality.paired_tokens = tokens({"a": (2, 0.1), "b": (8, 0.2)})
+    with pytest.raises(MeasurementError, match="parent a8 stored no per-token KL on the stage's"):
+        served_added(stage, parent, ["a"], [2])
