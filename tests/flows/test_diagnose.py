@@ -367,17 +367,18 @@ def test_a_cache_the_engine_reads_through_amx_is_decided_as_its_kernel_computes(
     records = _run(tmp_path, "kv", {"kv_cache": "fp8_e4m3"}, "kv_cache")
     monkeypatch.setattr(diagnose, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
     keep("bfloat16")
-    assert kv_amx(tmp_path, checkpoint).startswith("read through AMX")
+    assert kv_amx(tmp_path, "float32").startswith("read through AMX")
     found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
                            checkpoint=checkpoint, max_tokens=150)
     (plain,), (engine,) = found.sweep("kv_all"), found.sweep("kv_engine")
     assert found.kv_arithmetic.startswith("read through AMX") and engine.mean_kl != plain.mean_kl
     assert found.repairs and "the repair options below are measured so" in " ".join(summary(found))
-    keep("auto")  # the tiny checkpoint is float32: vllm serves it so, on the vec path
-    assert kv_amx(tmp_path, checkpoint) is None
+    keep("auto")  # the checkpoint's own dtype: float32 is served on the vec path, bf16 on AMX
+    assert kv_amx(tmp_path, "float32") is None
+    assert kv_amx(tmp_path, "bfloat16").startswith("read through AMX")
     keep("bfloat16")
     monkeypatch.setattr(diagnose, "cpu_flags", lambda: {"avx512f"})
-    assert kv_amx(tmp_path, checkpoint) is None
+    assert kv_amx(tmp_path, "bfloat16") is None
     found = diagnose_stage(tmp_path, "kv", records, _strict(1.0), ["divergence.kl"],
                            checkpoint=checkpoint, max_tokens=150)
     assert found.kv_arithmetic is None and not found.sweep("kv_engine")
