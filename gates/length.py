@@ -35,12 +35,18 @@ reference being the parent and, for the chain as a whole, the baseline. Per set:
   share), or whose fits do not converge, cannot carry a fit (its mean would rest on the normal
   tail): its ratio is then the restricted mean (each cut answer at its cut length, as survival
   analysis restricts a mean to its horizon), which says how lengths moved within the budget and
-  nothing beyond it. It may pass only while the answers newly cut at the budget, over all sets
-  against this reference, are bounded (the upper end of their 1 - 2 alpha Wilson interval within
-  length.max_length_finish_increase): what ran past the budget is then a few answers, not the
-  drift (a control whose 2 changed answers of 162 both ran to the budget). Otherwise it cannot
-  pass, and fails only where the restricted mean is a bound (no reference answer alone was cut)
-  that already lies confidently above the limit.
+  nothing beyond it. It may pass only while what ran past the budget is a few answers, not the
+  drift (a control whose 2 changed answers of 162 both ran to the budget), in two ways, each
+  within length.max_length_finish_increase at its 1 - 2 alpha upper end: the answers newly cut
+  in the sets read within the budget, over all pairs against this reference (Wilson), and the
+  rise in the share cut over all sets (the paired Newcombe interval: answers cut anew less those
+  no longer cut). The first counts only the sets read so: a set that carries its fit has its cut
+  answers modelled, and counting them blocked a control whose 3 changed math answers of 180 ran
+  to the budget (and 3 others stopped short of it) while its mostly cut set had not changed at
+  all. The second keeps those sets' cuts in as a net rise: a stage that pushes answers past the
+  budget anywhere is not read within it. Otherwise it cannot pass, and fails only where the
+  restricted mean is a bound (no reference answer alone was cut) that already lies confidently
+  above the limit.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from evalsets.results import TaskQuality
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy
 from gates.record import StageRecord, paired_items
-from gates.stats import holm, mean_ci
+from gates.stats import Interval, holm, mean_ci, paired_rise
 from gates.verdict import Check, Status, judged, missing, points
 
 POOLED = "all sets"
@@ -380,9 +386,12 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
             for name, task in reference.quality.tasks.items()}
     if not sets:
         return [missing(rule, f"output length vs the {reference_name}")]
-    newly_cut = _newly_cut(list(sets.values()), alpha)
-    held = newly_cut is not None and newly_cut[2] <= rules.max_length_finish_increase
-    results = {name: drift(pairs, bounds, policy, alpha, held) for name, pairs in sets.items()}
+    results = {name: drift(pairs, bounds, policy, alpha) for name, pairs in sets.items()}
+    within = [name for name, r in results.items() if r.unresolved and not r.too_few]
+    rise = BudgetRise.of([sets[name] for name in within], list(sets.values()), level)
+    held = bool(within) and rise is not None and rise.held(rules.max_length_finish_increase)
+    if held:
+        results |= {name: drift(sets[name], bounds, policy, alpha, True) for name in within}
     if len(sets) > 1:
         results[POOLED] = pooled_drift(list(results.values()), bounds, alpha)
     adjusted = holm({name: r.p_beyond for name, r in results.items()})
@@ -395,10 +404,8 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     overall: Status = "fail" if "fail" in status.values() else pooled_status
     limit = f"limit x{math.exp(bounds[0]):.2f}..x{math.exp(bounds[1]):.2f}"
 
-    budget = (f"; the cut answers at their cut length (the ratio within the budget), with "
-              f"{newly_cut[0]} of {newly_cut[1]} answers newly cut at it ({level:.0%} CI up to "
-              f"{newly_cut[2]:.1%}, within {rules.max_length_finish_increase:.0%})"
-              if newly_cut and held else "")
+    budget = (f"; the cut answers at their cut length (the ratio within the budget): "
+              f"{rise.describe(level, rules.max_length_finish_increase)}" if held else "")
 
     def reason(name: str) -> str:
         r = results[name]
@@ -439,14 +446,40 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
     return checks
 
 
-def _newly_cut(sets: list[Pairs], alpha: float) -> tuple[int, int, float] | None:
-    """Stage answers cut at the budget where the reference's was not, over all pairs: the count,
-    the pairs, and the upper end of the share's 1 - 2 alpha Wilson interval."""
-    cut, n = sum(int(p.newly_cut.sum()) for p in sets), sum(len(p.stage) for p in sets)
-    if n == 0:
-        return None
-    interval = stats.binomtest(cut, n).proportion_ci(1 - 2 * alpha, "wilson")
-    return cut, n, float(interval.high)
+@dataclass(frozen=True)
+class BudgetRise:
+    """What ran past the budget against one reference: the answers newly cut in the sets read
+    within the budget (`hidden`) with the upper end of their share of all pairs, and over all
+    sets the answers newly cut, those no longer cut and the paired rise of the share cut."""
+
+    hidden: int
+    hidden_high: float
+    newly_cut: int
+    no_longer_cut: int
+    n: int
+    rise: Interval
+
+    @classmethod
+    def of(cls, within: list[Pairs], every: list[Pairs], level: float) -> BudgetRise | None:
+        before = np.concatenate([p.reference_cut for p in every])
+        after = np.concatenate([p.stage_cut for p in every])
+        if before.size == 0:
+            return None
+        hidden = sum(int(p.newly_cut.sum()) for p in within)
+        share = stats.binomtest(hidden, before.size).proportion_ci(level, "wilson")
+        return cls(hidden, float(share.high), int((after & ~before).sum()),
+                   int((before & ~after).sum()), int(before.size),
+                   paired_rise(before, after, level))
+
+    def held(self, most: float) -> bool:
+        return self.hidden_high <= most and self.rise.high <= most
+
+    def describe(self, level: float, most: float) -> str:
+        return (f"{self.hidden} of {self.n} answers newly cut at it in the sets so read "
+                f"({level:.0%} CI up to {self.hidden_high:.1%}), and over all sets "
+                f"{self.newly_cut} newly cut and {self.no_longer_cut} no longer (the share cut "
+                f"{points(self.rise.estimate)} pts, up to {points(self.rise.high)}), both within "
+                f"{most:.0%}")
 
 
 def length_ratios(stage: StageRecord, parent: StageRecord) -> dict[str, np.ndarray]:

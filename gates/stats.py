@@ -1,4 +1,5 @@
-"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Holm."""
+"""Paired statistics for gates: bootstrap CIs (per item, per token block), McNemar, Holm, the
+difference of two paired proportions."""
 
 from __future__ import annotations
 
@@ -165,6 +166,40 @@ def mcnemar_worse(broke: int, fixed: int) -> float:
     if broke + fixed == 0:
         return 1.0
     return float(stats.binomtest(broke, broke + fixed, 0.5, alternative="greater").pvalue)
+
+
+def paired_rise(before: np.ndarray, after: np.ndarray, confidence: float) -> Interval:
+    """The rise in a share on the same items (after minus before, booleans per item) and its
+    interval: Newcombe's hybrid score interval for paired proportions (Statistics in Medicine
+    1998, method 10), each share's Wilson interval joined through the pairs' phi correlation
+    (continuity-corrected).
+    Items that moved both ways cancel in the estimate and widen the interval; none moving gives
+    the small width of the two Wilson intervals' asymmetry, not a degenerate zero."""
+    before, after = np.asarray(before, dtype=bool), np.asarray(after, dtype=bool)
+    n = before.size
+    if n == 0:
+        return Interval(0.0, -1.0, 1.0)
+    p1, p2 = float(after.mean()), float(before.mean())
+    low1, high1 = _wilson(int(after.sum()), n, confidence)
+    low2, high2 = _wilson(int(before.sum()), n, confidence)
+    both, rise = int((after & before).sum()), int((after & ~before).sum())
+    fall, neither = int((~after & before).sum()), int((~after & ~before).sum())
+    margins = (both + rise) * (fall + neither) * (both + fall) * (rise + neither)
+    # phi with Newcombe's continuity correction: a positive association less n / 2, none
+    # below that; a negative one kept as it is.
+    association = both * neither - rise * fall
+    corrected = association - n / 2 if association > n / 2 else min(association, 0)
+    phi = corrected / math.sqrt(margins) if margins else 0.0
+    below = math.sqrt(max(0.0, (p1 - low1) ** 2 - 2 * phi * (p1 - low1) * (high2 - p2)
+                          + (high2 - p2) ** 2))
+    above = math.sqrt(max(0.0, (high1 - p1) ** 2 - 2 * phi * (high1 - p1) * (p2 - low2)
+                          + (p2 - low2) ** 2))
+    return Interval(p1 - p2, max(-1.0, p1 - p2 - below), min(1.0, p1 - p2 + above))
+
+
+def _wilson(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    interval = stats.binomtest(successes, n).proportion_ci(confidence, "wilson")
+    return float(interval.low), float(interval.high)
 
 
 def holm(pvalues: dict[str, float]) -> dict[str, float]:

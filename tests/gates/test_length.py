@@ -321,6 +321,65 @@ def test_where_most_answers_are_cut_a_control_goes_on_the_ratio_within_the_budge
     assert "2 of 200 answers newly cut at it" in found["length"].reason
 
 
+def test_answers_a_fitted_set_moves_across_the_budget_leave_a_mostly_cut_set_s_reading_alone():
+    """The CI's control: 11 of 120 math answers changed, 3 now run to the 64-token budget and 3
+    others no longer do (math, cut about a third, carries its fit); the user's set, most of its
+    answers cut at the budget, did not change at all. Counting math's newly cut answers against the
+    mostly cut set (3 of 180: Wilson's 97 % upper end 5.2 %) held the control back."""
+    math_lengths = np.array([20.0 + (i * 7) % 70 for i in range(120)])
+    changed = math_lengths.copy()
+    newly, no_longer = [i for i in range(120) if 50 <= math_lengths[i] < 64][:3], [
+        i for i in range(120) if math_lengths[i] >= 64][:3]
+    changed[newly], changed[no_longer] = 80.0, 40.0
+    changed[[0, 1, 2, 3, 4]] += 3
+    orders = np.array([10.0 + (i * 3) % 60 for i in range(60)])  # 77 % cut at 24
+    parent = stage("baseline", None, {"math": (math_lengths, 64), "orders": (orders, 24)})
+    child = stage("control", "baseline", {"math": (changed, 64), "orders": (orders, 24)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length"].status == "pass", found["length"].reason
+    assert ("0 of 180 answers newly cut at it in the sets so read (97% CI up to 2.5%), and over "
+            "all sets 3 newly cut and 3 no longer") in found["length"].reason
+
+
+def test_answers_reshuffled_across_the_budget_are_not_read_within_it():
+    """An equal number of a mostly cut set's answers ran to the budget and stopped short of it:
+    the share cut did not rise, but what the answers that now run past the budget would have
+    been is unknown, and too many moved for the ratio within the budget to stand in."""
+    lengths = np.array([20.0 + 2 * (i % 50) for i in range(100)])  # 70 % cut at 50
+    moved = lengths.copy()
+    short = np.flatnonzero(lengths < 50)[:15]
+    long = np.flatnonzero(lengths >= 50)[:15]
+    moved[short], moved[long] = 90.0, 30.0
+    parent = stage("baseline", None, {"math": (lengths, 50), "orders": (lengths, 50)})
+    child = stage("w", "baseline", {"math": (lengths, 50), "orders": (moved, 50)})
+    found = {c.rule: c for c in length_checks(child, parent, POLICY)}
+    assert found["length"].status == "inconclusive" and not found["length"].passed
+    assert "confidently more than a normal fit can carry" in found["length.orders"].reason
+
+
+def mostly_cut(changed_share: float, ratio: float):
+    """Math cut at 1.4x its median (about a third); a user's set at 0.8x (about 65 % cut)."""
+    sets = {"math": (120, 70, 98), "orders": (60, 40, 32)}
+
+    def trial(rng: np.random.Generator) -> bool:
+        base = {name: baseline_lengths(rng, n, tokens) for name, (n, tokens, _) in sets.items()}
+        new = {"math": stage_lengths(rng, base["math"], 1.0, changed_share),
+               "orders": stage_lengths(rng, base["orders"], ratio, changed_share)}
+        parent = stage("baseline", None, {name: (base[name], sets[name][2]) for name in sets})
+        child = stage("s1", "baseline", {name: (new[name], sets[name][2]) for name in sets})
+        return goes(length_checks(child, parent, POLICY, parent))
+
+    return trial
+
+
+def test_beside_a_mostly_cut_set_a_control_goes_and_drift_at_the_limit_rolls_back():
+    # A control changes about 6 % of its answers: counting a fitted set's cut answers against
+    # the mostly cut one, it went 85 %. A quantized stage changes half: x1.10 in the mostly cut
+    # set alone must not pass for reading its answers within the budget.
+    assert rate(mostly_cut(0.06, 1.0), 300, seed=7) >= 0.95
+    assert rate(mostly_cut(0.5, 1.10), 300, seed=8) <= 0.05
+
+
 def test_a_set_whose_own_ratio_leans_beyond_the_limit_grows_though_the_pool_passes():
     """A set's own unresolved ratio does not block, but one lying beyond the limit grows: x1.20
     in math alone went 35 % at the first look's items (the pooled ratio, x1.05, passes), 8 %

@@ -32,6 +32,29 @@ def test_bootstrap_ci_covers_the_mean_and_collapses_when_nothing_moved():
     assert again == ci, "a fixed seed gives the same bound: verdicts are reproducible"
 
 
+def paired(both: int, rise: int, fall: int, neither: int) -> tuple[np.ndarray, np.ndarray]:
+    before = np.array([1] * both + [0] * rise + [1] * fall + [0] * neither, dtype=bool)
+    after = np.array([1] * both + [1] * rise + [0] * fall + [0] * neither, dtype=bool)
+    return before, after
+
+
+def test_the_paired_rise_is_newcombe_s_interval():
+    # contingencytables (Fagerland, Lydersen, Laake), chapter 8's test: the 2x2 table
+    # [[59, 6], [16, 80]] gives -0.0621 (95 % CI -0.1186 to -0.0046).
+    found = stats.paired_rise(*paired(59, 6, 16, 80), 0.95)
+    assert (found.estimate, found.low, found.high) == pytest.approx((-0.0621, -0.1186, -0.0046),
+                                                                    abs=5e-5)
+
+
+def test_answers_moving_both_ways_cancel_in_the_rise_and_widen_its_interval():
+    still = stats.paired_rise(*paired(131, 0, 0, 109), 0.95)
+    few = stats.paired_rise(*paired(128, 3, 3, 106), 0.95)
+    many = stats.paired_rise(*paired(111, 20, 20, 89), 0.95)
+    assert still.estimate == few.estimate == many.estimate == 0
+    assert 0 < still.high < few.high < many.high
+    assert stats.paired_rise(*paired(0, 0, 0, 0), 0.95).high == 1  # nothing known
+
+
 def test_precision_class_is_the_narrowest_quantized_axis():
     assert axis_bits("int4/group64") == 4 and axis_bits("fp8_e4m3") == 8 and axis_bits("none") is None
     assert precision_class({"weights": "none", "activations": "none", "kv_cache": "auto"}) == "8bit"
