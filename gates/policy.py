@@ -215,7 +215,8 @@ class LengthRules(Rules):
     )
     required: bool = Field(True, description="An inconclusive length CI blocks the go.")
     max_length_finish_increase: Annotated[float, _off_above(MAX_SHARE, "half the answers")] = Field(
-        0.05, ge=0, description="Rise in the share of responses cut off (finish=length)."
+        0.05, ge=0, description="Rise in the share of responses cut off (finish=length); also "
+        "the most that may have run past the budget for a mostly cut set to be read within it."
     )
     finish_required: bool = Field(False, description="An inconclusive finish=length rise blocks.")
 
