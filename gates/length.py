@@ -61,7 +61,7 @@ from evalsets.results import TaskQuality
 from gates.noninferiority import look_alpha
 from gates.policy import GatePolicy
 from gates.record import StageRecord, paired_items
-from gates.stats import Interval, holm, mean_ci, paired_rise
+from gates.stats import Interval, holm, mean_ci, paired_rise, wilson
 from gates.verdict import Check, Status, judged, missing, points
 
 POOLED = "all sets"
@@ -270,7 +270,7 @@ def over_censored(cut: int, n: int, most: float, alpha: float) -> bool:
     40 % cut) crossed it every other run and left the pooled ratio unbounded."""
     if n == 0:
         return False
-    return float(stats.binomtest(cut, n).proportion_ci(1 - 2 * alpha, "wilson").low) > most
+    return wilson(cut, n, 1 - 2 * alpha)[0] > most
 
 
 def cut_at_the_budget(record: StageRecord, policy: GatePolicy) -> list[str]:
@@ -466,8 +466,7 @@ class BudgetRise:
         if before.size == 0:
             return None
         hidden = sum(int(p.newly_cut.sum()) for p in within)
-        share = stats.binomtest(hidden, before.size).proportion_ci(level, "wilson")
-        return cls(hidden, float(share.high), int((after & ~before).sum()),
+        return cls(hidden, wilson(hidden, before.size, level)[1], int((after & ~before).sum()),
                    int((before & ~after).sum()), int(before.size),
                    paired_rise(before, after, level))
 

@@ -180,8 +180,8 @@ def paired_rise(before: np.ndarray, after: np.ndarray, confidence: float) -> Int
     if n == 0:
         return Interval(0.0, -1.0, 1.0)
     p1, p2 = float(after.mean()), float(before.mean())
-    low1, high1 = _wilson(int(after.sum()), n, confidence)
-    low2, high2 = _wilson(int(before.sum()), n, confidence)
+    low1, high1 = wilson(int(after.sum()), n, confidence)
+    low2, high2 = wilson(int(before.sum()), n, confidence)
     both, rise = int((after & before).sum()), int((after & ~before).sum())
     fall, neither = int((~after & before).sum()), int((~after & ~before).sum())
     margins = (both + rise) * (fall + neither) * (both + fall) * (rise + neither)
@@ -197,7 +197,8 @@ def paired_rise(before: np.ndarray, after: np.ndarray, confidence: float) -> Int
     return Interval(p1 - p2, max(-1.0, p1 - p2 - below), min(1.0, p1 - p2 + above))
 
 
-def _wilson(successes: int, n: int, confidence: float) -> tuple[float, float]:
+def wilson(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    """A share's Wilson score interval (scipy's), as (low, high)."""
     interval = stats.binomtest(successes, n).proportion_ci(confidence, "wilson")
     return float(interval.low), float(interval.high)
 
