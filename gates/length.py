@@ -388,8 +388,9 @@ def _rule(rule: str, reference_name: str, stage: StageRecord, reference: StageRe
         return [missing(rule, f"output length vs the {reference_name}")]
     results = {name: drift(pairs, bounds, policy, alpha) for name, pairs in sets.items()}
     within = [name for name, r in results.items() if r.unresolved and not r.too_few]
-    rise = BudgetRise.of([sets[name] for name in within], list(sets.values()), level)
-    held = bool(within) and rise is not None and rise.held(rules.max_length_finish_increase)
+    rise = BudgetRise.of([sets[name] for name in within], list(sets.values()), level) \
+        if within else None
+    held = rise is not None and rise.held(rules.max_length_finish_increase)
     if held:
         results |= {name: drift(sets[name], bounds, policy, alpha, True) for name in within}
     if len(sets) > 1:
@@ -466,9 +467,9 @@ class BudgetRise:
         if before.size == 0:
             return None
         hidden = sum(int(p.newly_cut.sum()) for p in within)
-        return cls(hidden, wilson(hidden, before.size, level)[1], int((after & ~before).sum()),
-                   int((before & ~after).sum()), int(before.size),
-                   paired_rise(before, after, level))
+        return cls(hidden, wilson(hidden, before.size, level)[1],
+                   sum(int(p.newly_cut.sum()) for p in every), int((before & ~after).sum()),
+                   int(before.size), paired_rise(before, after, level))
 
     def held(self, most: float) -> bool:
         return self.hidden_high <= most and self.rise.high <= most
