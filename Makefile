@@ -114,12 +114,13 @@ system-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 # ruff, then the import contracts of .importlinter (DESIGN.md's directions, no import cycles); unit
-# tests in 2 processes (most wait on fake servers and subprocesses); the end-to-end tests one at a
-# time, since each serves real engines on the same cores and they share one stage cache.
+# tests in 3 processes on 2 cores (most wait on fake servers and subprocesses: a third keeps the
+# cores busy); the end-to-end tests one at a time, since each serves real engines on the same
+# cores and they share one stage cache.
 test: system-deps models
 	$(VENV)/bin/python -m ruff check flows evalsets load gates infra tools tests
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 2 --durations=15
+	$(VENV)/bin/python -m pytest -q -m "not e2e" -n 3 --durations=15
 	$(VENV)/bin/python -m pytest -q -m e2e --durations=0
 
 clean:
