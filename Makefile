@@ -56,7 +56,7 @@ SPEC_SUFFIX := $(if $(shell grep -qw avx512f /proc/cpuinfo && echo y),,-avx2)
 
 # The W4A16 candidate's rollback is diagnosed and repaired in its run (README, "Repairs"). The
 # repair, INT8 per channel, serves the chain's W8A16 bytes, so it takes that stage's measurement
-# from the stage cache: on AVX2 the diagnosis adds ~4 min (make demo 26 min 44 s, session 40).
+# from the stage cache: on AVX2 the diagnosis adds 2-4 min (make demo 23 min 38 s, session 47).
 # `make demo REPAIR=false` leaves it out.
 REPAIR ?= true
 
