@@ -871,9 +871,10 @@ def _length_growth(stage: QualityResult, parent: QualityResult | None, baseline:
                                       finish=False)
              if c.status == "inconclusive" and more_can_decide(c)]
     # A set's own ratio is advisory while unresolved, but one whose estimate lies beyond the
-    # limit grows, so that its items can show the drift (x1.20 in one set, x1.05 pooled, went
-    # 35-55 % at the first look's items); otherwise only a blocking rule grows anything.
-    if not any(not c.passed for c in found):
+    # limit blocks and grows, so that its items can show the drift or clear it (x1.20 in one
+    # set, x1.05 pooled, went 35-55 % at the first look's items); where no other blocking rule
+    # is open, only those grow.
+    if not any(not c.passed and "leans_beyond" not in c.details for c in found):
         found = [c for c in found if c.details.get("leans_beyond")]
     if not found:
         return {}

@@ -71,7 +71,8 @@ def methods(policy: GatePolicy) -> list[dict[str, str]]:
             "censored-normal mean, the pairs' sandwich error), or, where that cannot carry a set, "
             "the restricted mean with the newly cut share bounded; fails on a Holm-adjusted "
             f"one-sided p at alpha {q.alpha:g}; the pooled ratio decides the pass, a set's own "
-            "unresolved one is shown and, lying beyond the limit, grows its set")},
+            "unresolved one is shown while its estimate lies within the limit, and beyond it "
+            "grows its set and blocks")},
         {"rule": "divergence.kl / top1, perplexity", "method": (
             f"top-20 coarsened per-token KL and top-1 agreement on the scoring corpus, {limits}; "
             f"two-stage studentized block bootstrap over blocks of {policy.divergence.block_tokens} "
