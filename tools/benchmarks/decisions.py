@@ -94,6 +94,8 @@ def scenarios(policy: GatePolicy) -> list[Scenario]:
                  "rollback"),
         Scenario("length x1.20 (2x the limit) in code only", [Step(length={"code": 1.20})],
                  "rollback"),
+        Scenario("length x1.20 (2x the limit) in long context only",
+                 [Step(length={"long_context": 1.20})], "rollback"),
         Scenario("length x1.05 per step over 3 stages", [Step(length={"*": 1.05**k})
                                                          for k in (1, 2, 3)], "rollback"),
         Scenario("KL at 0.3x the limit, 2k-token corpus", corpus_tokens=2048),
