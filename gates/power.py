@@ -24,7 +24,7 @@ from gates.policy import GatePolicy, precision_class
 from gates.simulate import SetShape, Step
 from gates.trials import Scenario, p_go, wilson
 
-SIMULATION_VERSION = 8  # raise when the simulation or the rules change what it predicts
+SIMULATION_VERSION = 9  # raise when the simulation or the rules change what it predicts
 
 
 @dataclass

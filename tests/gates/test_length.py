@@ -127,7 +127,7 @@ def test_output_length_drift_fails_on_its_ci_and_unresolvable_drift_rolls_back()
     length = checks(verdict, "w")["length"]
     assert length.status == "pass"
     # At 97 %: alpha split over the three planned looks.
-    assert "x1.008 (97% CI [x1.002, x1.013]) over 100 pairs, 100 changed length" in length.reason
+    assert "x1.008 (97% CI [x1.003, x1.013]) over 100 pairs, 100 changed length" in length.reason
     straddling = [40] * 80 + [70] * 20
     verdict = decide("c", [record("baseline", None, BASE),
                            record("w", "baseline", BASE, lengths=straddling)], POLICY)
@@ -154,8 +154,8 @@ def test_a_set_that_collapses_to_empty_answers_fails_while_the_others_hold():
     found = {c.rule: c for c in length_checks(child, parent, POLICY)}
     assert found["length.code"].status == "fail" and found["length"].status == "fail"
     assert found["length.math"].status == "pass" and found["length.long_context"].status == "pass"
-    assert "code x0.290 [x0.176, x0.477] fail" in found["length"].reason
-    assert "all sets x0.662" in found["length"].reason  # equal weights: code counts a third
+    assert "code x0.292 [x0.179, x0.479] fail" in found["length"].reason
+    assert "all sets x0.664" in found["length"].reason  # equal weights: code counts a third
     assert list(found)[0] == "length" and "length.baseline" not in found
 
 
@@ -186,11 +186,11 @@ def test_stage_answers_cut_at_the_budget_count_as_at_least_their_cut_length():
     length = length_checks(child, parent, POLICY)[0]
     assert length.details["cut"] == 16
     assert "16 stage and 0 parent answers cut at the budget (censored" in length.reason
-    truth = np.log((true + 1) / (parent_lengths + 1)).mean()  # x1.145, what the cut hides
-    at_cut_length = length_ratios(child, parent)["math"].mean()  # x1.086: would pass
-    assert math.exp(truth) == pytest.approx(1.145, abs=1e-3)
-    assert math.exp(at_cut_length) == pytest.approx(1.086, abs=1e-3)
-    assert "x1.131 (97% CI [x1.070, x1.195])" in length.reason  # near the truth, not x1.086
+    truth = np.log(true / parent_lengths).mean()  # what the cut hides
+    at_cut_length = length_ratios(child, parent)["math"].mean()  # x1.088: would pass
+    assert math.exp(truth) == pytest.approx(1.148, abs=1e-3)
+    assert math.exp(at_cut_length) == pytest.approx(1.088, abs=1e-3)
+    assert "x1.134 (97% CI [x1.071, x1.200])" in length.reason  # near the truth, not x1.088
     assert length.status == "inconclusive" and not length.passed
 
 
@@ -247,14 +247,14 @@ def test_too_few_pairs_block_even_where_the_rule_is_advisory():
 
 def test_each_step_within_its_limit_still_fails_the_chain_against_the_baseline():
     stages = [record("baseline", None, BASE, lengths=[40] * 100),
-              record("w", "baseline", BASE, lengths=[43] * 100),   # x1.073 vs its parent
-              record("a", "w", BASE, lengths=[46] * 100, kind="activations")]  # x1.068, x1.146
+              record("w", "baseline", BASE, lengths=[43] * 100),   # x1.075 vs its parent
+              record("a", "w", BASE, lengths=[46] * 100, kind="activations")]  # x1.070, x1.150
     verdict = decide("c", stages, POLICY)
     assert checks(verdict, "w")["length"].status == "pass"
     assert "length.baseline" not in checks(verdict, "w")  # its parent is the baseline
     found = checks(verdict, "a")
     assert found["length"].status == "pass" and found["length.baseline"].status == "fail"
-    assert "vs the baseline x1.146" in found["length.baseline"].reason
+    assert "vs the baseline x1.150" in found["length.baseline"].reason
     assert verdict.accepted_stage == "w"
 
 
